@@ -1,0 +1,172 @@
+"""REST API of the platform core, under /api/v1/. Views are thin: services write, selectors read."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console import health, selectors, services
+from console.forms import AuditFilterForm
+from console.models import Membership
+from console.permissions import TeamPermission
+from console.roles import Perm
+from console.serializers import (
+    ApiTokenSerializer,
+    AuditEventSerializer,
+    HealthCheckSerializer,
+    InviteSerializer,
+    MembershipSerializer,
+    NewApiTokenSerializer,
+    RoleSerializer,
+    TeamSerializer,
+    UserSerializer,
+)
+
+
+def _service_call(fn, **kwargs):
+    try:
+        return fn(**kwargs)
+    except DjangoValidationError as exc:
+        raise ValidationError({"detail": exc.messages}) from exc
+
+
+class MeView(APIView):
+    @extend_schema(responses=UserSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(UserSerializer(request.user).data)
+
+
+class HealthView(APIView):
+    @extend_schema(responses=HealthCheckSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        checks = health.platform_health()
+        return Response([c.as_dict() for c in checks])
+
+
+class TokenListCreate(generics.ListCreateAPIView):
+    serializer_class = ApiTokenSerializer
+
+    def get_queryset(self):
+        return selectors.user_api_tokens(self.request.user)
+
+    @extend_schema(request=ApiTokenSerializer, responses={201: NewApiTokenSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = ApiTokenSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        token, key = _service_call(
+            services.api_token_create, actor=request.user, name=serializer.validated_data["name"]
+        )
+        token.key = key
+        return Response(NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+class TokenRevoke(APIView):
+    @extend_schema(responses={200: ApiTokenSerializer})
+    def delete(self, request: Request, token_id: int) -> Response:
+        token = selectors.user_api_token_get(request.user, token_id)
+        token = services.api_token_revoke(actor=request.user, token=token)
+        return Response(ApiTokenSerializer(token).data)
+
+
+class TeamListCreate(generics.ListCreateAPIView):
+    serializer_class = TeamSerializer
+
+    def get_queryset(self):
+        return selectors.teams_for_user(self.request.user)
+
+    def get_serializer_context(self) -> dict:
+        roles = dict(
+            Membership.objects.filter(user=self.request.user).values_list("team_id", "role")
+        )
+        return {**super().get_serializer_context(), "roles": roles}
+
+    def perform_create(self, serializer: TeamSerializer) -> None:
+        serializer.instance = _service_call(
+            services.team_create, actor=self.request.user, name=serializer.validated_data["name"]
+        )
+
+
+class TeamDetail(APIView):
+    permission_classes = [TeamPermission]
+
+    @extend_schema(responses=TeamSerializer)
+    def get(self, request: Request, team: str) -> Response:
+        roles = {request.team.pk: request.membership.role}
+        return Response(TeamSerializer(request.team, context={"roles": roles}).data)
+
+
+class MemberListCreate(APIView):
+    permission_classes = [TeamPermission]
+    write_permission = Perm.TEAM_MANAGE
+
+    @extend_schema(responses=MembershipSerializer(many=True))
+    def get(self, request: Request, team: str) -> Response:
+        memberships = selectors.team_memberships(request.team)
+        return Response(MembershipSerializer(memberships, many=True).data)
+
+    @extend_schema(request=InviteSerializer, responses={201: MembershipSerializer})
+    def post(self, request: Request, team: str) -> Response:
+        serializer = InviteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = _service_call(
+            services.membership_add,
+            actor=request.user,
+            team=request.team,
+            **serializer.validated_data,
+        )
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+class MemberDetail(APIView):
+    permission_classes = [TeamPermission]
+    write_permission = Perm.TEAM_MANAGE
+
+    @extend_schema(responses=MembershipSerializer)
+    def get(self, request: Request, team: str, membership_id: int) -> Response:
+        membership = selectors.team_membership_get(request.team, membership_id)
+        return Response(MembershipSerializer(membership).data)
+
+    @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
+    def patch(self, request: Request, team: str, membership_id: int) -> Response:
+        membership = selectors.team_membership_get(request.team, membership_id)
+        serializer = RoleSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = _service_call(
+            services.membership_change_role,
+            actor=request.user,
+            membership=membership,
+            role=serializer.validated_data["role"],
+        )
+        return Response(MembershipSerializer(membership).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, team: str, membership_id: int) -> Response:
+        membership = selectors.team_membership_get(request.team, membership_id)
+        _service_call(services.membership_remove, actor=request.user, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AuditList(generics.ListAPIView):
+    permission_classes = [TeamPermission]
+    read_permission = Perm.AUDIT_VIEW
+    serializer_class = AuditEventSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description="action prefix, e.g. `membership`"),
+            OpenApiParameter("actor", str, description="username"),
+            OpenApiParameter("since", str, description="YYYY-MM-DD"),
+            OpenApiParameter("until", str, description="YYYY-MM-DD"),
+        ]
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        form = AuditFilterForm(self.request.query_params)
+        if not form.is_valid():
+            raise ValidationError(form.errors)
+        return selectors.team_audit_events(self.request.team, **form.cleaned_data)

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class ConsoleConfig(AppConfig):
+    name = "console"
+    verbose_name = _("Console")
+
+    def ready(self) -> None:
+        from console import signals  # noqa: F401  (connects the audit receivers)

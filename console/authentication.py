@@ -1,0 +1,33 @@
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from rest_framework import authentication, exceptions
+
+from console.models import TOKEN_PREFIX, ApiToken, hash_token
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer mp_…`` with a personal API token (``Token mp_…`` works too)."""
+
+    keywords = ("bearer", "token")
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1").split()
+        if not header or header[0].lower() not in self.keywords:
+            return None
+        if len(header) != 2 or not header[1].startswith(TOKEN_PREFIX):
+            raise exceptions.AuthenticationFailed(_("Malformed Authorization header."))
+        token = (
+            ApiToken.objects.select_related("user")
+            .filter(key_hash=hash_token(header[1]), revoked_at__isnull=True)
+            .first()
+        )
+        if token is None or not token.user.is_active:
+            raise exceptions.AuthenticationFailed(_("Invalid or revoked API token."))
+        now = timezone.now()
+        # Bounded write rate: touch last_used_at at most once a minute per token.
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request) -> str:
+        return "Bearer"

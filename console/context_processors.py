@@ -1,0 +1,24 @@
+from django.apps import apps
+from django.http import HttpRequest
+
+from console.selectors import teams_for_user
+
+
+def nav_items() -> list[tuple[str, str]]:
+    """(url name, label) of every app's console pages, in INSTALLED_APPS order.
+
+    Apps declare ``console_nav`` on their AppConfig, so the console links to them without
+    importing them.
+    """
+    return [item for config in apps.get_app_configs() for item in getattr(config, "console_nav", [])]
+
+
+def console(request: HttpRequest) -> dict:
+    if not getattr(request, "user", None) or not request.user.is_authenticated:
+        return {}
+    return {
+        "my_teams": teams_for_user(request.user),
+        "current_team": getattr(request, "team", None),
+        "current_membership": getattr(request, "membership", None),
+        "nav_items": nav_items(),
+    }

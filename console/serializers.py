@@ -1,0 +1,74 @@
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from console.models import ApiToken, AuditEvent, Membership, Team
+from console.roles import Role
+
+
+class UserSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = get_user_model()
+        fields = ["id", "username", "is_staff"]
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["slug", "name", "created_at", "role"]
+        read_only_fields = ["slug", "created_at", "role"]
+
+    def get_role(self, team: Team) -> str | None:
+        roles = self.context.get("roles", {})
+        return roles.get(team.pk)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "username", "role", "created_at"]
+        read_only_fields = ["id", "username", "created_at"]
+
+
+class InviteSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class RoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class NewApiTokenSerializer(ApiTokenSerializer):
+    key = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "key"]
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    actor = serializers.CharField(source="actor_username", read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "id", "created_at", "team", "actor", "action", "target_type", "target_id",
+            "target_repr", "ip_address", "data",
+        ]
+
+
+class HealthCheckSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    ok = serializers.BooleanField()
+    detail = serializers.CharField()

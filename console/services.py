@@ -1,0 +1,161 @@
+"""Every write of the console app: one function per use case, each recording its audit event."""
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Model
+from django.utils import timezone
+from django.utils.text import slugify
+from django.utils.translation import gettext as _
+
+from console.middleware import client_ip
+from console.models import ApiToken, AuditEvent, Membership, Team, hash_token
+from console.roles import Role
+
+User = get_user_model()
+
+
+def audit_record(
+    *,
+    action: str,
+    actor: AbstractBaseUser | None,
+    team: Team | None = None,
+    target: Model | None = None,
+    data: dict[str, Any] | None = None,
+    actor_username: str = "",
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        team=team,
+        actor=actor if actor is not None and actor.pk else None,
+        actor_username=actor.get_username() if actor is not None else actor_username,
+        action=action,
+        target_type=target._meta.label_lower if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        target_repr=str(target)[:200] if target is not None else "",
+        ip_address=client_ip.get(),
+        data=data or {},
+    )
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name, allow_unicode=False)[:50] or "team"
+    slug, n = base, 1
+    while Team.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+@transaction.atomic
+def team_create(*, actor: AbstractBaseUser, name: str) -> Team:
+    name = name.strip()
+    if not name:
+        raise ValidationError(_("A team needs a name."))
+    team = Team.objects.create(name=name, slug=_unique_slug(name))
+    Membership.objects.create(team=team, user=actor, role=Role.OWNER)
+    audit_record(action="team.create", actor=actor, team=team, target=team)
+    return team
+
+
+@transaction.atomic
+def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> Membership:
+    """Invite an existing account into the team by its username, with a role."""
+    if role not in Role.values:
+        raise ValidationError(_("Unknown role “%(role)s”.") % {"role": role})
+    user = User.objects.filter(username=username.strip(), is_active=True).first()
+    if user is None:
+        raise ValidationError(
+            _("No active account has the username “%(username)s”.") % {"username": username}
+        )
+    if Membership.objects.filter(team=team, user=user).exists():
+        raise ValidationError(
+            _("%(username)s is already a member of this team.") % {"username": username}
+        )
+    membership = Membership.objects.create(team=team, user=user, role=role)
+    audit_record(
+        action="membership.add", actor=actor, team=team, target=membership,
+        data={"username": user.get_username(), "role": role},
+    )
+    return membership
+
+
+def _ensure_an_owner_remains(membership: Membership) -> None:
+    others = Membership.objects.filter(team=membership.team, role=Role.OWNER).exclude(
+        pk=membership.pk
+    )
+    if membership.role == Role.OWNER and not others.exists():
+        raise ValidationError(_("A team keeps at least one owner."))
+
+
+@transaction.atomic
+def membership_change_role(
+    *, actor: AbstractBaseUser, membership: Membership, role: str
+) -> Membership:
+    if role not in Role.values:
+        raise ValidationError(_("Unknown role “%(role)s”.") % {"role": role})
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    if role != Role.OWNER:
+        _ensure_an_owner_remains(membership)
+    old = membership.role
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit_record(
+        action="membership.role_change", actor=actor, team=membership.team, target=membership,
+        data={"username": membership.user.get_username(), "from": old, "to": role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> None:
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    _ensure_an_owner_remains(membership)
+    audit_record(
+        action="membership.remove", actor=actor, team=membership.team, target=membership,
+        data={"username": membership.user.get_username(), "role": membership.role},
+    )
+    membership.delete()
+
+
+@transaction.atomic
+def api_token_create(*, actor: AbstractBaseUser, name: str) -> tuple[ApiToken, str]:
+    """Create a personal token; returns it with its key, which is never retrievable again."""
+    name = name.strip()
+    if not name:
+        raise ValidationError(_("A token needs a name."))
+    key = ApiToken.generate_key()
+    token = ApiToken.objects.create(
+        user=actor, name=name[:100], prefix=key[:10], key_hash=hash_token(key)
+    )
+    audit_record(action="token.create", actor=actor, target=token)
+    return token, key
+
+
+@transaction.atomic
+def api_token_revoke(*, actor: AbstractBaseUser, token: ApiToken) -> ApiToken:
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(action="token.revoke", actor=actor, target=token)
+    return token
+
+
+@transaction.atomic
+def user_create(
+    *, actor: AbstractBaseUser | None, username: str, password: str, is_staff: bool = False
+) -> AbstractBaseUser:
+    """Create an account (site administrators only; air-gapped sites have no self sign-up)."""
+    username = username.strip()
+    if User.objects.filter(username=username).exists():
+        raise ValidationError(_("The username “%(username)s” is taken.") % {"username": username})
+    user = User(username=username, is_staff=is_staff, is_superuser=is_staff)
+    user.full_clean(exclude=["password"])
+    validate_password(password, user)
+    user.set_password(password)
+    user.save()
+    audit_record(action="user.create", actor=actor, target=user, data={"is_staff": is_staff})
+    return user

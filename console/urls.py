@@ -1,0 +1,65 @@
+"""The root URLconf: console pages, the REST API under /api/v1/, and each app's own urls.
+
+Team-scoped routes carry the team's slug as ``team``: pages under ``t/<team>/``, the API under
+``api/v1/teams/<team>/``. Apps write their full paths in their own ``urls.py``.
+"""
+
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.i18n import set_language
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from console import api, views
+
+team_pages = [
+    path("", views.dashboard, name="dashboard"),
+    path("members/", views.members, name="members"),
+    path("members/<int:membership_id>/role/", views.member_role, name="member_role"),
+    path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
+    path("audit/", views.audit, name="audit"),
+]
+
+console_pages = [
+    path("", views.home, name="home"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="console/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("health/", views.health_panel, name="health"),
+    path("teams/new/", views.team_create, name="team_create"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
+    path("users/", views.users, name="users"),
+    path("t/<slug:team>/", include(team_pages)),
+]
+
+api_v1 = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("me/", api.MeView.as_view(), name="me"),
+    path("health/", api.HealthView.as_view(), name="health"),
+    path("tokens/", api.TokenListCreate.as_view(), name="tokens"),
+    path("tokens/<int:token_id>/", api.TokenRevoke.as_view(), name="token"),
+    path("teams/", api.TeamListCreate.as_view(), name="teams"),
+    path("teams/<slug:team>/", api.TeamDetail.as_view(), name="team"),
+    path("teams/<slug:team>/members/", api.MemberListCreate.as_view(), name="members"),
+    path(
+        "teams/<slug:team>/members/<int:membership_id>/",
+        api.MemberDetail.as_view(),
+        name="member",
+    ),
+    path("teams/<slug:team>/audit/", api.AuditList.as_view(), name="audit"),
+]
+
+urlpatterns = [
+    path("i18n/setlang/", set_language, name="set_language"),
+    path("api/v1/", include((api_v1, "api"))),
+    path("", include((console_pages, "console"))),
+    path("", include("labeling.urls")),
+    path("", include("training.urls")),
+    path("", include("deployment.urls")),
+]

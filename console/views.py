@@ -1,0 +1,187 @@
+"""Console pages of the platform core: dashboard, teams, members, API tokens, audit, users."""
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
+
+from console import health, selectors, services
+from console.forms import AuditFilterForm, InviteForm, RoleForm, TeamForm, TokenForm, UserForm
+from console.permissions import team_view
+from console.roles import Perm, Role, role_allows
+
+LAST_TEAM_SESSION_KEY = "last_team"
+
+
+def _error_text(exc: ValidationError) -> str:
+    return " ".join(exc.messages)
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    teams = selectors.teams_for_user(request.user)
+    team = teams.filter(slug=request.session.get(LAST_TEAM_SESSION_KEY)).first() or teams.first()
+    if team is None:
+        return redirect("console:team_create")
+    return redirect("console:dashboard", team=team.slug)
+
+
+@login_required
+def team_create(request: HttpRequest) -> HttpResponse:
+    form = TeamForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            team = services.team_create(actor=request.user, name=form.cleaned_data["name"])
+        except ValidationError as exc:
+            form.add_error("name", _error_text(exc))
+        else:
+            messages.success(request, _("Team “%(name)s” created.") % {"name": team.name})
+            return redirect("console:dashboard", team=team.slug)
+    return render(request, "console/team_create.html", {"form": form})
+
+
+@team_view()
+def dashboard(request: HttpRequest) -> HttpResponse:
+    request.session[LAST_TEAM_SESSION_KEY] = request.team.slug
+    return render(
+        request,
+        "console/dashboard.html",
+        {"member_count": selectors.team_memberships(request.team).count()},
+    )
+
+
+@login_required
+def health_panel(request: HttpRequest) -> HttpResponse:
+    """The health panel of the dashboard, refreshed by htmx."""
+    return render(request, "console/_health.html", {"checks": health.platform_health()})
+
+
+@team_view(write=Perm.TEAM_MANAGE)
+def members(request: HttpRequest) -> HttpResponse:
+    form = InviteForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            membership = services.membership_add(
+                actor=request.user, team=request.team, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_error("username", _error_text(exc))
+        else:
+            messages.success(
+                request,
+                _("%(username)s joined the team as %(role)s.")
+                % {"username": membership.user.username, "role": membership.get_role_display()},
+            )
+            return redirect("console:members", team=request.team.slug)
+    return render(
+        request,
+        "console/members.html",
+        {
+            "form": form,
+            "memberships": selectors.team_memberships(request.team),
+            "roles": Role.choices,
+            "can_manage": role_allows(request.membership.role, Perm.TEAM_MANAGE),
+        },
+    )
+
+
+@team_view(write=Perm.TEAM_MANAGE)
+@require_POST
+def member_role(request: HttpRequest, membership_id: int) -> HttpResponse:
+    membership = selectors.team_membership_get(request.team, membership_id)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _("Choose one of the roles."))
+    else:
+        try:
+            services.membership_change_role(
+                actor=request.user, membership=membership, role=form.cleaned_data["role"]
+            )
+            messages.success(request, _("Role changed."))
+        except ValidationError as exc:
+            messages.error(request, _error_text(exc))
+    return redirect("console:members", team=request.team.slug)
+
+
+@team_view(write=Perm.TEAM_MANAGE)
+@require_POST
+def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+    membership = selectors.team_membership_get(request.team, membership_id)
+    try:
+        services.membership_remove(actor=request.user, membership=membership)
+        messages.success(request, _("Member removed."))
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+    return redirect("console:members", team=request.team.slug)
+
+
+@team_view(read=Perm.AUDIT_VIEW)
+def audit(request: HttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    events = selectors.team_audit_events(request.team, **filters)
+    page = Paginator(events, 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "console/audit.html",
+        {
+            "form": form,
+            "page": page,
+            "query": query.urlencode(),
+            "actions": selectors.audit_actions(request.team),
+        },
+    )
+
+
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST or None)
+    new_key = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            _token, new_key = services.api_token_create(
+                actor=request.user, name=form.cleaned_data["name"]
+            )
+            form = TokenForm()
+        except ValidationError as exc:
+            form.add_error("name", _error_text(exc))
+    return render(
+        request,
+        "console/tokens.html",
+        {"form": form, "new_key": new_key, "tokens": selectors.user_api_tokens(request.user)},
+    )
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = selectors.user_api_token_get(request.user, token_id)
+    services.api_token_revoke(actor=request.user, token=token)
+    messages.success(request, _("Token “%(name)s” revoked.") % {"name": token.name})
+    return redirect("console:tokens")
+
+
+@staff_member_required(login_url="console:login")
+def users(request: HttpRequest) -> HttpResponse:
+    form = UserForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = services.user_create(actor=request.user, **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            messages.success(request, _("Account “%(username)s” created.") % {"username": user})
+            return redirect("console:users")
+    return render(
+        request,
+        "console/users.html",
+        {"form": form, "users": get_user_model().objects.order_by("username")},
+    )

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Start the whole platform on one machine (`make run`): prepare, then hand over to honcho,
+# which runs platform/Procfile and stops every process on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+export PLATFORM_DATA_DIR="${PLATFORM_DATA_DIR:-$PWD/var}"
+mkdir -p "$PLATFORM_DATA_DIR"
+
+# A secret of this installation, generated once and kept in the data directory.
+if [ -z "${SECRET_KEY:-}" ]; then
+  key_file="$PLATFORM_DATA_DIR/secret_key"
+  if [ ! -s "$key_file" ]; then
+    (umask 077; python -c 'import secrets; print(secrets.token_urlsafe(50))' > "$key_file")
+  fi
+  SECRET_KEY="$(cat "$key_file")"
+  export SECRET_KEY
+fi
+
+processes=(web worker beat)
+if [ -z "${REDIS_URL:-}" ]; then
+  export PLATFORM_REDIS_PORT="${PLATFORM_REDIS_PORT:-6380}"
+  export REDIS_URL="redis://127.0.0.1:$PLATFORM_REDIS_PORT/0"
+  processes=(redis "${processes[@]}")
+fi
+
+python manage.py migrate --noinput
+python manage.py collectstatic --noinput --verbosity 0
+python manage.py platform_bootstrap --url "http://${HOST:-127.0.0.1}:${PORT:-8000}/"
+echo "  Redis          : $REDIS_URL"
+echo "  数据 Data      : $PLATFORM_DATA_DIR"
+echo "  Ctrl-C stops every process."
+echo
+exec honcho --procfile platform/Procfile --app-root . start "${processes[@]}"
