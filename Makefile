@@ -22,7 +22,7 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 
 # Translations are compiled with Babel at install: no GNU gettext needed on the machine.
 locale/%/LC_MESSAGES/django.mo: locale/%/LC_MESSAGES/django.po $(VENV)/.installed
-	$(VENV)/bin/pybabel compile --use-fuzzy=false -i $< -o $@
+	$(VENV)/bin/pybabel compile -i $< -o $@
 
 install: $(VENV)/.installed $(COMPILED)
 
@@ -32,14 +32,14 @@ run: install
 	bash platform/start.sh
 
 test: install-test
-	$(PY) -m console.embedded_redis run -- $(PY) -m pytest
+	$(PY) platform/embedded_redis.py run -- $(PY) -m pytest
 
 lint: install-test
 	$(VENV)/bin/ruff check .
 
 # Refresh the catalogs from the sources (needs GNU gettext; developers only).
 messages: install
-	$(PY) manage.py makemessages --locale zh_Hans --no-obsolete --ignore '.venv/*' --ignore 'var/*'
+	$(PY) manage.py makemessages --locale zh_Hans --no-obsolete --ignore '.venv/*' --ignore 'var/*' --ignore 'tests/*'
 
 bench: install-test
 	@set -e; for f in benchmarks/*.py; do [ -e "$$f" ] || continue; echo "== $$f"; $(PY) "$$f"; done

@@ -68,7 +68,13 @@ def check_beat() -> Check:
 
 
 def platform_health() -> list[Check]:
-    return [check_database(), check_redis(), check_workers(), check_beat()]
+    redis_check = check_redis()
+    if not redis_check.ok:
+        # Workers and beat are only reachable through the broker; don't wait on its timeouts.
+        down = _("the broker (Redis) is unreachable")
+        return [check_database(), redis_check, Check("worker", False, down),
+                Check("beat", False, down)]
+    return [check_database(), redis_check, check_workers(), check_beat()]
 
 
 def record_beat() -> None:

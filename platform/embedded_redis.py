@@ -82,7 +82,7 @@ def run(command: list[str]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m console.embedded_redis")
+    parser = argparse.ArgumentParser(prog="python platform/embedded_redis.py")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_serve = sub.add_parser("serve", help="run redis-server in the foreground")
     p_serve.add_argument("--port", type=int, default=int(os.environ.get("PLATFORM_REDIS_PORT", 6380)))

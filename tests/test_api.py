@@ -1,0 +1,65 @@
+from rest_framework.test import APIClient
+
+from console.models import Membership
+from console.roles import Role
+
+
+def api_for(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def test_openapi_schema_describes_the_api(owner):
+    response = api_for(owner).get("/api/v1/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    assert "/api/v1/teams/{team}/members/" in paths
+    assert "/api/v1/tokens/" in paths
+
+
+def test_api_docs_page_serves_its_own_assets(client, owner):
+    client.force_login(owner)
+    page = client.get("/api/v1/docs/").content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in page
+    assert "cdn" not in page.lower() and "https://" not in page
+
+
+def test_team_and_members_through_the_api(owner, make_user):
+    make_user("sun")
+    api = api_for(owner)
+    created = api.post("/api/v1/teams/", {"name": "NLP"}, format="json")
+    assert created.status_code == 201 and created.json()["slug"] == "nlp"
+    added = api.post("/api/v1/teams/nlp/members/", {"username": "sun", "role": "viewer"},
+                     format="json")
+    assert added.status_code == 201
+    member_id = added.json()["id"]
+    changed = api.patch(f"/api/v1/teams/nlp/members/{member_id}/", {"role": "maintainer"},
+                        format="json")
+    assert changed.json()["role"] == "maintainer"
+    members = api.get("/api/v1/teams/nlp/members/").json()
+    assert {(m["username"], m["role"]) for m in members} == {
+        ("olivia", "owner"), ("sun", "maintainer"),
+    }
+    assert api.delete(f"/api/v1/teams/nlp/members/{member_id}/").status_code == 204
+
+
+def test_api_validation_errors_are_clear(owner, team):
+    api = api_for(owner)
+    unknown = api.post(f"/api/v1/teams/{team.slug}/members/", {"username": "nobody",
+                       "role": "viewer"}, format="json", HTTP_ACCEPT_LANGUAGE="en")
+    assert unknown.status_code == 400
+    assert "nobody" in str(unknown.json())
+    bad_role = api.post(f"/api/v1/teams/{team.slug}/members/", {"username": "olivia",
+                        "role": "king"}, format="json")
+    assert bad_role.status_code == 400 and "role" in bad_role.json()
+
+
+def test_members_can_read_but_only_owners_manage(owner, team, make_user):
+    maintainer = make_user("ma")
+    Membership.objects.create(team=team, user=maintainer, role=Role.MAINTAINER)
+    api = api_for(maintainer)
+    assert api.get(f"/api/v1/teams/{team.slug}/members/").status_code == 200
+    assert api.get(f"/api/v1/teams/{team.slug}/audit/").status_code == 403
+    assert api.post(f"/api/v1/teams/{team.slug}/members/", {"username": "ma", "role": "owner"},
+                    format="json").status_code == 403

@@ -1,0 +1,28 @@
+"""Every console page renders for an owner, in both languages, with no asset from outside."""
+
+import re
+
+import pytest
+from django.urls import reverse
+
+from tests.test_routes import ROUTES
+
+EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["'](?:https?:)?//""", re.I)
+PAGES = [r for r in ROUTES if not r.is_api and r.kwargs in ((), ("team",))
+         and r.name not in {"console:logout", "set_language"}]
+
+
+@pytest.mark.parametrize("language", ["zh-hans", "en"])
+@pytest.mark.parametrize("route", PAGES, ids=str)
+def test_page_renders_with_local_assets_only(client, make_user, team, owner, route, language):
+    owner.is_staff = True
+    owner.save()
+    client.force_login(owner)
+    client.cookies["django_language"] = language
+    url = reverse(route.name, kwargs={"team": team.slug} if route.kwargs else {})
+    response = client.get(url, follow=True)
+    assert response.status_code == 200, url
+    html = response.content.decode()
+    assert not EXTERNAL.search(html), f"{url} links an outside asset"
+    for asset in re.findall(r"""(?:src|href)="(/static/[^"]+)\"""", html):
+        assert client.get(asset).status_code == 200, asset

@@ -1,0 +1,129 @@
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+
+from console import services
+from console.models import AuditEvent, Membership
+from console.roles import Role
+
+
+def actions(team=None) -> list[str]:
+    events = AuditEvent.objects.order_by("id")
+    if team is not None:
+        events = events.filter(team=team)
+    return list(events.values_list("action", flat=True))
+
+
+def test_team_create_makes_the_creator_owner(owner):
+    team = services.team_create(actor=owner, name="Risk Models")
+    assert team.slug == "risk-models"
+    assert Membership.objects.get(team=team, user=owner).role == Role.OWNER
+    assert actions(team) == ["team.create"]
+
+
+def test_team_slugs_stay_unique_and_chinese_names_work(owner):
+    a = services.team_create(actor=owner, name="风控模型组")
+    b = services.team_create(actor=owner, name="风控模型组")
+    assert a.slug != b.slug and a.name == b.name == "风控模型组"
+
+
+def test_invite_by_username_with_role(owner, team, make_user):
+    make_user("wang")
+    membership = services.membership_add(actor=owner, team=team, username="wang", role="annotator")
+    assert membership.role == Role.ANNOTATOR
+    event = AuditEvent.objects.get(action="membership.add")
+    assert event.team == team and event.actor == owner
+    assert event.data == {"username": "wang", "role": "annotator"}
+
+
+@pytest.mark.parametrize(
+    ("username", "role", "message"),
+    [
+        ("nobody", "viewer", "No active account has the username “nobody”"),
+        ("olivia", "viewer", "already a member"),
+        ("wang", "admin", "Unknown role “admin”"),
+    ],
+)
+def test_invite_errors_say_what_is_wrong(owner, team, make_user, username, role, message):
+    make_user("wang")
+    with pytest.raises(ValidationError, match=message):
+        services.membership_add(actor=owner, team=team, username=username, role=role)
+    assert Membership.objects.filter(team=team).count() == 1
+
+
+def test_the_last_owner_can_neither_leave_nor_be_demoted(owner, team, make_user):
+    only_owner = Membership.objects.get(team=team, user=owner)
+    with pytest.raises(ValidationError, match="at least one owner"):
+        services.membership_change_role(actor=owner, membership=only_owner, role="viewer")
+    with pytest.raises(ValidationError, match="at least one owner"):
+        services.membership_remove(actor=owner, membership=only_owner)
+    make_user("li")
+    services.membership_add(actor=owner, team=team, username="li", role="owner")
+    services.membership_change_role(actor=owner, membership=only_owner, role="viewer")
+    services.membership_remove(actor=owner, membership=only_owner)
+    remaining = Membership.objects.filter(team=team).values_list("user__username", "role")
+    assert list(remaining) == [("li", "owner")]
+
+
+def test_console_invite_change_role_and_remove(client, owner, team, make_user):
+    make_user("zhao")
+    client.force_login(owner)
+    response = client.post(
+        reverse("console:members", kwargs={"team": team.slug}),
+        {"username": "zhao", "role": "maintainer"},
+    )
+    assert response.status_code == 302
+    m = Membership.objects.get(team=team, user__username="zhao")
+    assert m.role == Role.MAINTAINER
+    client.post(
+        reverse("console:member_role", kwargs={"team": team.slug, "membership_id": m.pk}),
+        {"role": "viewer"},
+    )
+    m.refresh_from_db()
+    assert m.role == Role.VIEWER
+    client.post(reverse("console:member_remove", kwargs={"team": team.slug, "membership_id": m.pk}))
+    assert not Membership.objects.filter(pk=m.pk).exists()
+    assert actions(team)[-3:] == ["membership.add", "membership.role_change", "membership.remove"]
+
+
+def test_console_invite_of_unknown_user_shows_the_error(client, owner, team):
+    client.force_login(owner)
+    response = client.post(
+        reverse("console:members", kwargs={"team": team.slug}),
+        {"username": "ghost", "role": "viewer"},
+        HTTP_ACCEPT_LANGUAGE="en",
+    )
+    assert response.status_code == 200
+    assert "No active account has the username “ghost”" in response.content.decode()
+
+
+def test_a_user_in_several_teams_sees_and_switches_between_them(client, owner, team, make_team):
+    second = make_team("Beta", {owner: Role.VIEWER})
+    client.force_login(owner)
+    page = client.get(reverse("console:dashboard", kwargs={"team": second.slug})).content.decode()
+    assert reverse("console:dashboard", kwargs={"team": team.slug}) in page
+    assert "Beta" in page
+    # The console remembers the last team for the next visit.
+    assert client.get(reverse("console:home"))["Location"] == f"/t/{second.slug}/"
+
+
+def test_a_user_without_team_is_asked_to_create_one(client, make_user):
+    client.force_login(make_user("new"))
+    assert client.get(reverse("console:home"))["Location"] == reverse("console:team_create")
+    response = client.post(reverse("console:team_create"), {"name": "Gamma"})
+    assert response["Location"] == "/t/gamma/"
+
+
+def test_site_admin_creates_accounts_others_cannot(client, make_user):
+    admin = make_user("root", is_staff=True)
+    client.force_login(make_user("plain"))
+    assert client.post(reverse("console:users"), {"username": "x", "password": "p"}).status_code == 302
+    client.force_login(admin)
+    response = client.post(
+        reverse("console:users"), {"username": "newbie", "password": "Long-enough-pw-42"}
+    )
+    assert response.status_code == 302
+    assert AuditEvent.objects.filter(action="user.create", actor=admin).exists()
+    weak = client.post(reverse("console:users"), {"username": "weak", "password": "123"},
+                       HTTP_ACCEPT_LANGUAGE="en")
+    assert "too short" in weak.content.decode()
