@@ -17,6 +17,7 @@ from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 
 LAST_TEAM_SESSION_KEY = "last_team"
+NEW_TOKEN_SESSION_KEY = "new_api_token"
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -144,19 +145,25 @@ def audit(request: HttpRequest) -> HttpResponse:
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
-    new_key = None
     if request.method == "POST" and form.is_valid():
         try:
-            _token, new_key = services.api_token_create(
+            _token, key = services.api_token_create(
                 actor=request.user, name=form.cleaned_data["name"]
             )
-            form = TokenForm()
         except ValidationError as exc:
             form.add_error("name", _error_text(exc))
+        else:
+            # Post/redirect/get: the key rides in the session to the next page view only.
+            request.session[NEW_TOKEN_SESSION_KEY] = key
+            return redirect("console:tokens")
     return render(
         request,
         "console/tokens.html",
-        {"form": form, "new_key": new_key, "tokens": selectors.user_api_tokens(request.user)},
+        {
+            "form": form,
+            "new_key": request.session.pop(NEW_TOKEN_SESSION_KEY, None),
+            "tokens": selectors.user_api_tokens(request.user),
+        },
     )
 
 

@@ -27,7 +27,8 @@ def test_redis_down_is_reported_not_raised():
 
 def health_in_subprocess(redis_url: str) -> str:
     """The platform's health as a fresh process configured with `redis_url` sees it."""
-    code = ("import django; django.setup(); from console import health; "
+    code = ("import django; django.setup(); from django.utils import translation; "
+            "translation.activate('en'); from console import health; "
             "print(health.platform_health())")
     env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,

@@ -1,10 +1,17 @@
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
+from django.utils import translation
 
 from console import services
 from console.models import AuditEvent, Membership
 from console.roles import Role
+
+
+@pytest.fixture(autouse=True)
+def english():
+    with translation.override("en"):
+        yield
 
 
 def actions(team=None) -> list[str]:

@@ -7,19 +7,19 @@ from console.models import ApiToken, AuditEvent, hash_token
 
 def bearer(key: str) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_ACCEPT_LANGUAGE="en")
     return client
 
 
 def test_token_is_stored_hashed_and_shown_once(client, owner):
     client.force_login(owner)
-    response = client.post(reverse("console:tokens"), {"name": "ci"})
+    response = client.post(reverse("console:tokens"), {"name": "ci"}, follow=True)
     key = response.context["new_key"]
     assert key.startswith("mp_") and key in response.content.decode()
     token = ApiToken.objects.get(user=owner)
     assert token.key_hash == hash_token(key) and key not in token.key_hash
     assert not ApiToken.objects.filter(key_hash=key).exists()
-    # The list page shows the prefix only.
+    # Shown once: the next view of the page lists its prefix only.
     page = client.get(reverse("console:tokens")).content.decode()
     assert key not in page and token.prefix in page
 

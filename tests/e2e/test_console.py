@@ -1,0 +1,126 @@
+"""A team admin's first session in the console, in a real browser."""
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+import pytest
+from django.contrib.auth import get_user_model
+from playwright.sync_api import Page, expect
+
+from console.models import AuditEvent, Membership
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def shot(page: Page, name: str) -> None:
+    if os.environ.get("E2E_SCREENSHOTS"):
+        page.screenshot(path=os.path.join(os.environ["E2E_SCREENSHOTS"], f"{name}.png"),
+                        full_page=True)
+
+
+def api_get(base: str, path: str, key: str) -> tuple[int, dict]:
+    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def login(page: Page, username: str, password: str) -> None:
+    page.goto("/login/")
+    page.get_by_label("用户名").fill(username)
+    page.get_by_label("密码").fill(password)
+    page.get_by_role("button", name="登录").click()
+
+
+def test_admin_first_session(page: Page, live_server, celery_worker_process):
+    get_user_model().objects.create_superuser("admin", password="Admin-Pass-2026")
+    login(page, "admin", "Admin-Pass-2026")
+
+    # No team yet: the console asks for one.
+    expect(page.get_by_role("heading", name="新建团队")).to_be_visible()
+    page.get_by_label("团队名称").fill("风控模型组")
+    page.get_by_role("button", name="创建团队").click()
+    expect(page.get_by_role("heading", name="风控模型组")).to_be_visible()
+
+    # The dashboard shows the database, Redis and the worker alive.
+    health = page.get_by_test_id("health")
+    for check in ("database", "redis", "worker"):
+        expect(health.locator(f'tr[data-check="{check}"] .badge')).to_have_text("正常")
+    shot(page, "dashboard")
+
+    # A site administrator creates an account, the owner invites it as annotator.
+    page.get_by_role("link", name="账号管理").click()
+    page.get_by_label("用户名").fill("wang")
+    page.get_by_label("初始密码").fill("Wang-Pass-2026")
+    page.get_by_role("button", name="创建账号").click()
+    expect(page.get_by_role("status")).to_contain_text("账号“wang”已创建")
+    page.goto("/")
+    page.get_by_role("navigation").get_by_role("link", name="成员").click()
+    invite = page.get_by_test_id("invite")
+    invite.get_by_label("用户名").fill("wang")
+    invite.get_by_label("角色").select_option("annotator")
+    invite.get_by_role("button", name="邀请").click()
+    expect(page.get_by_role("status")).to_contain_text("wang 已以标注员身份加入团队")
+    expect(page.locator('tr[data-member="wang"]')).to_be_visible()
+    # A typo gets a clear error and changes nothing.
+    invite.get_by_label("用户名").fill("wnag")
+    invite.get_by_role("button", name="邀请").click()
+    expect(page.locator(".errorlist")).to_contain_text("没有用户名为“wnag”的有效账号")
+    assert Membership.objects.filter(user__username="wang").count() == 1
+
+    # An API token: created, shown once, used with the API, revoked.
+    page.get_by_role("link", name="API 令牌").click()
+    page.get_by_label("令牌名称").fill("ci-pipeline")
+    page.get_by_role("button", name="创建令牌").click()
+    key = page.get_by_test_id("new-token").inner_text().strip()
+    assert key.startswith("mp_")
+    status, teams = api_get(live_server.url, "/api/v1/teams/", key)
+    assert status == 200
+    assert [t["name"] for t in teams["results"]] == ["风控模型组"]
+    status, members = api_get(live_server.url, f"/api/v1/teams/{teams['results'][0]['slug']}/members/", key)
+    assert {m["username"]: m["role"] for m in members} == {"admin": "owner", "wang": "annotator"}
+    page.reload()
+    expect(page.get_by_test_id("new-token")).to_have_count(0)
+    page.locator('tr[data-token="ci-pipeline"]').get_by_role("button", name="撤销").click()
+    expect(page.locator('tr[data-token="ci-pipeline"]')).to_contain_text("已撤销")
+    assert api_get(live_server.url, "/api/v1/teams/", key)[0] == 401
+
+    # The audit log has each of it.
+    page.goto("/")
+    page.get_by_role("link", name="审计日志").click()
+    audit = page.get_by_test_id("audit")
+    for action in ("login", "team.create", "membership.add", "token.create", "token.revoke"):
+        expect(audit.locator(f'tr[data-action="{action}"]').first).to_be_visible()
+    expect(audit.locator('tr[data-action="login"]').first).to_contain_text("127.0.0.1")
+    page.get_by_label("操作").fill("token")
+    page.get_by_role("button", name="筛选").click()
+    expect(audit.locator("tbody tr")).to_have_count(2)
+    shot(page, "audit")
+
+    # English is one switch away, and back.
+    page.get_by_test_id("language").select_option("en")
+    expect(page.get_by_role("heading", name="Audit log")).to_be_visible()
+    expect(page.get_by_role("navigation").get_by_role("link", name="Members")).to_be_visible()
+    shot(page, "audit-en")
+    page.get_by_test_id("language").select_option("zh-hans")
+    expect(page.get_by_role("heading", name="审计日志")).to_be_visible()
+    assert AuditEvent.objects.filter(action="token.revoke").count() == 1
+
+
+def test_switching_teams_and_a_viewer_sees_no_write_controls(page: Page, make_user, make_team):
+    viewer = make_user("zhou", password="Zhou-Pass-2026")
+    make_team("Alpha", {viewer: "viewer"})
+    make_team("Beta", {viewer: "maintainer"})
+    login(page, "zhou", "Zhou-Pass-2026")
+    expect(page.get_by_role("heading", name="Alpha")).to_be_visible()
+    page.get_by_test_id("team-switcher").locator("select").select_option(label="Beta")
+    expect(page.get_by_role("heading", name="Beta")).to_be_visible()
+    page.get_by_test_id("team-switcher").locator("select").select_option(label="Alpha")
+    expect(page.get_by_role("heading", name="Alpha")).to_be_visible()
+    page.get_by_role("navigation").get_by_role("link", name="成员").click()
+    expect(page.get_by_role("button", name="邀请", exact=True)).to_have_count(0)
+    expect(page.get_by_role("link", name="审计日志")).to_have_count(0)
