@@ -26,7 +26,7 @@ fi
 
 python manage.py migrate --noinput
 python manage.py collectstatic --noinput --verbosity 0
-python manage.py platform_bootstrap --url "http://${HOST:-127.0.0.1}:${PORT:-8000}/"
+python manage.py platform_bootstrap --url "http://${PLATFORM_WEB_HOST:-127.0.0.1}:${PLATFORM_WEB_PORT:-8000}/"
 echo "  Redis          : $REDIS_URL"
 echo "  数据 Data      : $PLATFORM_DATA_DIR"
 echo "  Ctrl-C stops every process."
