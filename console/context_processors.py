@@ -10,7 +10,9 @@ def nav_items() -> list[tuple[str, str]]:
     Apps declare ``console_nav`` on their AppConfig, so the console links to them without
     importing them.
     """
-    return [item for config in apps.get_app_configs() for item in getattr(config, "console_nav", [])]
+    return [
+        item for config in apps.get_app_configs() for item in getattr(config, "console_nav", [])
+    ]
 
 
 def console(request: HttpRequest) -> dict:

@@ -41,7 +41,7 @@ class Membership(models.Model):
         return f"{self.user} @ {self.team} ({self.role})"
 
 
-TOKEN_PREFIX = "mp_"
+TOKEN_PREFIX = "mp_"  # noqa: S105 - a marker, not a secret
 
 
 def hash_token(key: str) -> str:
@@ -89,7 +89,10 @@ class AuditEvent(models.Model):
         Team, null=True, blank=True, on_delete=models.CASCADE, related_name="audit_events"
     )
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     # Kept apart from ``actor`` so the log still names a user after the account is deleted.

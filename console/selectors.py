@@ -16,9 +16,7 @@ def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
 def membership_for(user: AbstractBaseUser, team_slug: str) -> Membership:
     """The user's membership of the team, or 404: a team one is not in does not exist."""
     membership = (
-        Membership.objects.select_related("team")
-        .filter(user=user, team__slug=team_slug)
-        .first()
+        Membership.objects.select_related("team").filter(user=user, team__slug=team_slug).first()
         if user.is_authenticated
         else None
     )
@@ -63,8 +61,11 @@ def team_audit_events(
         Q(team=team)
         | Q(team__isnull=True, actor_id__in=members.values("user_id"))
         # Failed logins name no account, only the username that was typed.
-        | Q(team__isnull=True, actor__isnull=True,
-            actor_username__in=members.values("user__username"))
+        | Q(
+            team__isnull=True,
+            actor__isnull=True,
+            actor_username__in=members.values("user__username"),
+        )
     )
     if action:
         events = events.filter(action__startswith=action)

@@ -63,8 +63,16 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = [
-            "id", "created_at", "team", "actor", "action", "target_type", "target_id",
-            "target_repr", "ip_address", "data",
+            "id",
+            "created_at",
+            "team",
+            "actor",
+            "action",
+            "target_type",
+            "target_id",
+            "target_repr",
+            "ip_address",
+            "data",
         ]
 
 

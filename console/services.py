@@ -77,7 +77,10 @@ def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: 
         )
     membership = Membership.objects.create(team=team, user=user, role=role)
     audit_record(
-        action="membership.add", actor=actor, team=team, target=membership,
+        action="membership.add",
+        actor=actor,
+        team=team,
+        target=membership,
         data={"username": user.get_username(), "role": role},
     )
     return membership
@@ -104,7 +107,10 @@ def membership_change_role(
     membership.role = role
     membership.save(update_fields=["role"])
     audit_record(
-        action="membership.role_change", actor=actor, team=membership.team, target=membership,
+        action="membership.role_change",
+        actor=actor,
+        team=membership.team,
+        target=membership,
         data={"username": membership.user.get_username(), "from": old, "to": role},
     )
     return membership
@@ -115,7 +121,10 @@ def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> Non
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     _ensure_an_owner_remains(membership)
     audit_record(
-        action="membership.remove", actor=actor, team=membership.team, target=membership,
+        action="membership.remove",
+        actor=actor,
+        team=membership.team,
+        target=membership,
         data={"username": membership.user.get_username(), "role": membership.role},
     )
     membership.delete()

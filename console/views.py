@@ -17,7 +17,7 @@ from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 
 LAST_TEAM_SESSION_KEY = "last_team"
-NEW_TOKEN_SESSION_KEY = "new_api_token"
+NEW_TOKEN_SESSION_KEY = "new_api_token"  # noqa: S105 - a session key name
 
 
 def _error_text(exc: ValidationError) -> str:

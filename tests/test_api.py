@@ -30,28 +30,36 @@ def test_team_and_members_through_the_api(owner, make_user):
     api = api_for(owner)
     created = api.post("/api/v1/teams/", {"name": "NLP"}, format="json")
     assert created.status_code == 201 and created.json()["slug"] == "nlp"
-    added = api.post("/api/v1/teams/nlp/members/", {"username": "sun", "role": "viewer"},
-                     format="json")
+    added = api.post(
+        "/api/v1/teams/nlp/members/", {"username": "sun", "role": "viewer"}, format="json"
+    )
     assert added.status_code == 201
     member_id = added.json()["id"]
-    changed = api.patch(f"/api/v1/teams/nlp/members/{member_id}/", {"role": "maintainer"},
-                        format="json")
+    changed = api.patch(
+        f"/api/v1/teams/nlp/members/{member_id}/", {"role": "maintainer"}, format="json"
+    )
     assert changed.json()["role"] == "maintainer"
     members = api.get("/api/v1/teams/nlp/members/").json()
     assert {(m["username"], m["role"]) for m in members} == {
-        ("olivia", "owner"), ("sun", "maintainer"),
+        ("olivia", "owner"),
+        ("sun", "maintainer"),
     }
     assert api.delete(f"/api/v1/teams/nlp/members/{member_id}/").status_code == 204
 
 
 def test_api_validation_errors_are_clear(owner, team):
     api = api_for(owner)
-    unknown = api.post(f"/api/v1/teams/{team.slug}/members/", {"username": "nobody",
-                       "role": "viewer"}, format="json", HTTP_ACCEPT_LANGUAGE="en")
+    unknown = api.post(
+        f"/api/v1/teams/{team.slug}/members/",
+        {"username": "nobody", "role": "viewer"},
+        format="json",
+        HTTP_ACCEPT_LANGUAGE="en",
+    )
     assert unknown.status_code == 400
     assert "nobody" in str(unknown.json())
-    bad_role = api.post(f"/api/v1/teams/{team.slug}/members/", {"username": "olivia",
-                        "role": "king"}, format="json")
+    bad_role = api.post(
+        f"/api/v1/teams/{team.slug}/members/", {"username": "olivia", "role": "king"}, format="json"
+    )
     assert bad_role.status_code == 400 and "role" in bad_role.json()
 
 
@@ -61,5 +69,11 @@ def test_members_can_read_but_only_owners_manage(owner, team, make_user):
     api = api_for(maintainer)
     assert api.get(f"/api/v1/teams/{team.slug}/members/").status_code == 200
     assert api.get(f"/api/v1/teams/{team.slug}/audit/").status_code == 403
-    assert api.post(f"/api/v1/teams/{team.slug}/members/", {"username": "ma", "role": "owner"},
-                    format="json").status_code == 403
+    assert (
+        api.post(
+            f"/api/v1/teams/{team.slug}/members/",
+            {"username": "ma", "role": "owner"},
+            format="json",
+        ).status_code
+        == 403
+    )

@@ -6,17 +6,29 @@ from console.roles import Role
 
 
 def test_login_and_failed_login_are_recorded_with_the_address(client, owner, team):
-    client.post(reverse("console:login"), {"username": "olivia", "password": "wrong"},
-                REMOTE_ADDR="10.1.2.3")
-    client.post(reverse("console:login"), {"username": "olivia", "password": "pw-Secret-123"},
-                REMOTE_ADDR="10.1.2.4")
+    client.post(
+        reverse("console:login"),
+        {"username": "olivia", "password": "wrong"},
+        REMOTE_ADDR="10.1.2.3",
+    )
+    client.post(
+        reverse("console:login"),
+        {"username": "olivia", "password": "pw-Secret-123"},
+        REMOTE_ADDR="10.1.2.4",
+    )
     failed, login = AuditEvent.objects.order_by("id")
     assert (failed.action, failed.actor, failed.actor_username, failed.ip_address) == (
-        "login.failed", None, "olivia", "10.1.2.3")
+        "login.failed",
+        None,
+        "olivia",
+        "10.1.2.3",
+    )
     assert (login.action, login.actor, login.ip_address) == ("login", owner, "10.1.2.4")
 
 
-def test_owner_sees_team_events_and_members_personal_ones(client, owner, team, make_user, make_team):
+def test_owner_sees_team_events_and_members_personal_ones(
+    client, owner, team, make_user, make_team
+):
     stranger = make_user("stranger")
     make_team("Elsewhere", {stranger: Role.OWNER})
     services.api_token_create(actor=stranger, name="not-yours")
@@ -44,12 +56,16 @@ def test_audit_filters(client, owner, team, make_user):
 
     assert shown(action="membership.add") == ["membership.add", "membership.add"]
     assert shown(action="membership") == [
-        "membership.role_change", "membership.add", "membership.add"]
+        "membership.role_change",
+        "membership.add",
+        "membership.add",
+    ]
     assert shown(actor="nobody") == []
     assert shown(since="2000-01-01", until="2000-01-02") == []
     api = client.get(f"/api/v1/teams/{team.slug}/audit/", {"action": "membership.role"}).json()
     assert [e["data"] for e in api["results"]] == [
-        {"username": "a1", "from": "viewer", "to": "annotator"}]
+        {"username": "a1", "from": "viewer", "to": "annotator"}
+    ]
 
 
 def test_only_owners_see_the_audit_log(client, owner, team, make_user):

@@ -11,8 +11,9 @@ def run_bootstrap(capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_first_run_creates_admin_and_team_and_prints_the_login(db, settings, tmp_path, capsys,
-                                                                  monkeypatch):
+def test_first_run_creates_admin_and_team_and_prints_the_login(
+    db, settings, tmp_path, capsys, monkeypatch
+):
     settings.DATA_DIR = tmp_path
     monkeypatch.delenv("PLATFORM_ADMIN_PASSWORD", raising=False)
     out = run_bootstrap(capsys)

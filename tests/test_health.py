@@ -27,12 +27,15 @@ def test_redis_down_is_reported_not_raised():
 
 def health_in_subprocess(redis_url: str) -> str:
     """The platform's health as a fresh process configured with `redis_url` sees it."""
-    code = ("import django; django.setup(); from django.utils import translation; "
-            "translation.activate('en'); from console import health; "
-            "print(health.platform_health())")
+    code = (
+        "import django; django.setup(); from django.utils import translation; "
+        "translation.activate('en'); from console import health; "
+        "print(health.platform_health())"
+    )
     env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -20,8 +20,11 @@ def msgids(path) -> set[str]:
 def test_every_message_has_a_chinese_translation():
     with open(CATALOG, "rb") as f:
         catalog = read_po(f)
-    untranslated = [m.id for m in catalog if m.id and not all(
-        (m.string,) if isinstance(m.string, str) else m.string)]
+    untranslated = [
+        m.id
+        for m in catalog
+        if m.id and not all((m.string,) if isinstance(m.string, str) else m.string)
+    ]
     fuzzy = [m.id for m in catalog if m.id and m.fuzzy]
     assert untranslated == [] and fuzzy == []
 
@@ -38,7 +41,11 @@ def test_the_catalog_holds_every_string_of_the_sources(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "DEBUG": "1", "DJANGO_SETTINGS_MODULE": "console.settings"}
     subprocess.run(
         [sys.executable, "manage.py", "makemessages", "--locale", "zh_Hans", "--no-obsolete"],
-        cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120,
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     fresh = msgids(tmp_path / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po")
     assert fresh - msgids(CATALOG) == set(), "run `make messages` and translate the new strings"

@@ -8,8 +8,13 @@ from django.urls import reverse
 from tests.test_routes import ROUTES
 
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["'](?:https?:)?//""", re.I)
-PAGES = [r for r in ROUTES if not r.is_api and r.kwargs in ((), ("team",))
-         and r.name not in {"console:logout", "set_language"}]
+PAGES = [
+    r
+    for r in ROUTES
+    if not r.is_api
+    and r.kwargs in ((), ("team",))
+    and r.name not in {"console:logout", "set_language"}
+]
 
 
 @pytest.mark.parametrize("language", ["zh-hans", "en"])
@@ -26,3 +31,22 @@ def test_page_renders_with_local_assets_only(client, make_user, team, owner, rou
     assert not EXTERNAL.search(html), f"{url} links an outside asset"
     for asset in re.findall(r"""(?:src|href)="(/static/[^"]+)\"""", html):
         assert client.get(asset).status_code == 200, asset
+
+
+def test_another_teams_page_is_a_friendly_404(client, make_user, team):
+    client.force_login(make_user("outsider"))
+    response = client.get(reverse("console:dashboard", kwargs={"team": team.slug}))
+    assert response.status_code == 404
+    assert "此页面不存在，或属于您未加入的团队。" in response.content.decode()
+    assert team.name not in response.content.decode()
+
+
+def test_a_refused_write_explains_the_role(client, make_user, team):
+    from console.models import Membership
+
+    viewer = make_user("viewer")
+    Membership.objects.create(team=team, user=viewer, role="viewer")
+    client.force_login(viewer)
+    response = client.post(reverse("console:members", kwargs={"team": team.slug}))
+    assert response.status_code == 403
+    assert "您在此团队中的角色不允许此操作" in response.content.decode()

@@ -142,7 +142,8 @@ def test_viewers_cannot_write(client, make_user, world, route):
     url = url_for(route, world, world.mine)
     before = list(Membership.objects.order_by("pk").values_list("pk", "role"))
     for method in WRITE_METHODS:
-        response = getattr(client, method)(url, {"role": "owner", "username": "viewer"},
-                                           content_type="application/json")
+        response = getattr(client, method)(
+            url, {"role": "owner", "username": "viewer"}, content_type="application/json"
+        )
         assert response.status_code in (403, 405), (method, url, response.status_code)
     assert list(Membership.objects.order_by("pk").values_list("pk", "role")) == before

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,11 @@ def load_settings(env: dict) -> subprocess.CompletedProcess:
     base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "console.settings"}
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup(); print('started')"],
-        cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -60,3 +65,13 @@ def test_celery_is_configured_for_long_tasks():
     assert conf.task_acks_late is True
     assert conf.task_reject_on_worker_lost is True
     assert conf.task_default_queue == "default"
+
+
+def test_ci_runs_on_postgresql_and_an_external_redis(db):
+    """CI exercises the production pair; a local run may use SQLite and a throwaway Redis."""
+    from django.db import connection
+
+    if not os.environ.get("CI"):
+        pytest.skip("not CI: any database and Redis will do")
+    assert connection.vendor == "postgresql"
+    assert settings.REDIS_URL == os.environ["REDIS_URL"]

@@ -124,13 +124,15 @@ def test_a_user_without_team_is_asked_to_create_one(client, make_user):
 def test_site_admin_creates_accounts_others_cannot(client, make_user):
     admin = make_user("root", is_staff=True)
     client.force_login(make_user("plain"))
-    assert client.post(reverse("console:users"), {"username": "x", "password": "p"}).status_code == 302
+    refused = client.post(reverse("console:users"), {"username": "x", "password": "p"})
+    assert refused.status_code == 302
     client.force_login(admin)
     response = client.post(
         reverse("console:users"), {"username": "newbie", "password": "Long-enough-pw-42"}
     )
     assert response.status_code == 302
     assert AuditEvent.objects.filter(action="user.create", actor=admin).exists()
-    weak = client.post(reverse("console:users"), {"username": "weak", "password": "123"},
-                       HTTP_ACCEPT_LANGUAGE="en")
+    weak = client.post(
+        reverse("console:users"), {"username": "weak", "password": "123"}, HTTP_ACCEPT_LANGUAGE="en"
+    )
     assert "too short" in weak.content.decode()

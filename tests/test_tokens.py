@@ -39,7 +39,8 @@ def test_token_authenticates_the_api_until_revoked(owner, team):
     assert denied.status_code == 401
     assert "revoked" in denied.json()["detail"]
     assert list(AuditEvent.objects.values_list("action", flat=True).order_by("id")) == [
-        "token.create", "token.revoke",
+        "token.create",
+        "token.revoke",
     ]
 
 

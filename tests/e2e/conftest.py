@@ -15,8 +15,13 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
 # Flags for a closed network: no background connections, no sandbox as root.
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--disable-dev-shm-usage",
 ]
 
@@ -24,8 +29,10 @@ CHROMIUM_ARGS = [
 def pytest_collection_modifyitems(config, items):
     if os.path.exists(CHROMIUM):
         return
-    reason = (f"browser tests skipped: Chromium not found at {CHROMIUM} "
-              "(install it with `apt-get install chromium`)")
+    reason = (
+        f"browser tests skipped: Chromium not found at {CHROMIUM} "
+        "(install it with `apt-get install chromium`)"
+    )
     if os.environ.get("CI"):
         raise pytest.UsageError(f"CI=true and {reason}")
     for item in items:
@@ -50,5 +57,6 @@ def page(browser, live_server):
     page = context.new_page()
     yield page
     if os.environ.get("E2E_SCREENSHOTS"):
-        page.screenshot(path=os.path.join(os.environ["E2E_SCREENSHOTS"], "last.png"), full_page=True)
+        path = os.path.join(os.environ["E2E_SCREENSHOTS"], "last.png")
+        page.screenshot(path=path, full_page=True)
     context.close()

@@ -39,14 +39,15 @@ class Command(BaseCommand):
                 admin = User.objects.create_superuser(username=username, password=password)
                 team = Team.objects.create(name="默认团队", slug="default")
                 Membership.objects.create(team=team, user=admin, role=Role.OWNER)
-                audit_record(action="user.create", actor=None, target=admin,
-                             actor_username="platform_bootstrap", data={"is_staff": True})
+                audit_record(
+                    action="user.create",
+                    actor=None,
+                    target=admin,
+                    actor_username="platform_bootstrap",
+                    data={"is_staff": True},
+                )
                 audit_record(action="team.create", actor=admin, team=team, target=team)
         elif not password and password_file.exists():
             password = password_file.read_text().strip()
         shown = password or "(the password you set; PLATFORM_ADMIN_PASSWORD)"
-        self.stdout.write(
-            "\n"
-            f"  控制台 Console : {url}\n"
-            f"  登录 Login     : {username} / {shown}\n"
-        )
+        self.stdout.write(f"\n  控制台 Console : {url}\n  登录 Login     : {username} / {shown}\n")
