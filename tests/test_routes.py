@@ -1,6 +1,6 @@
 """Every route of the platform, enumerated from the URLconf, so that a route added later is
 covered without a new test: login is required, another team's objects are 404, viewers cannot
-write. A new URL argument must be given a factory in ``OBJECT_FACTORIES``; until then these
+write. A new URL argument must be given a factory in ``object_factories``; until then these
 tests fail and name it."""
 
 from collections.abc import Iterator
@@ -83,7 +83,7 @@ def url_for(route: Route, world: World, team, objects_of=None) -> str:
         source = team if kwarg == "team" else objects_of
         key = (source.slug, kwarg)
         assert key[1] in {k for _, k in world.objects}, (
-            f"route {route.name} takes <{kwarg}>: add a factory for it in OBJECT_FACTORIES"
+            f"route {route.name} takes <{kwarg}>: add a factory for it in object_factories()"
         )
         values[kwarg] = world.objects[key]
     return reverse(route.name, kwargs=values)
