@@ -11,7 +11,10 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # Every task runs on `default` unless routed here; training adds `train.<device>` queues.
 QUEUES = ["default"]
-app.conf.task_routes = {"console.tasks.*": {"queue": "default"}}
+app.conf.task_routes = {
+    "console.tasks.*": {"queue": "default"},
+    "labeling.tasks.*": {"queue": "default"},
+}
 
 # Beat's heartbeat, run by a worker; the dashboard reads its freshness.
 BEAT_INTERVAL_S = 30

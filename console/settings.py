@@ -135,6 +135,27 @@ STORAGES = {
     },
 }
 MEDIA_ROOT = DATA_DIR / "media"
+
+# Files of the platform (dataset versions, reports, originals) go through Django's storage API:
+# the filesystem under PLATFORM_DATA_DIR by default, an S3-compatible store (MinIO…) with
+# STORAGE_BACKEND=s3 and the AWS_* variables of django-storages.
+if os.environ.get("STORAGE_BACKEND", "filesystem") == "s3":
+    STORAGES["default"] = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": os.environ["AWS_STORAGE_BUCKET_NAME"],
+            "endpoint_url": os.environ.get("AWS_S3_ENDPOINT_URL"),
+            "access_key": os.environ.get("AWS_ACCESS_KEY_ID"),
+            "secret_key": os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            "file_overwrite": False,
+        },
+    }
+
+# Chunked, resumable uploads: chunks land in a local staging directory (shared between web
+# processes of one machine) until the file is complete, then move into storage.
+UPLOAD_STAGING_DIR = Path(os.environ.get("PLATFORM_UPLOAD_DIR") or DATA_DIR / "uploads")
+UPLOAD_MAX_BYTES = int(float(os.environ.get("PLATFORM_UPLOAD_MAX_MB", "2048")) * 1024 * 1024)
+UPLOAD_CHUNK_BYTES = 4 * 1024 * 1024
 # Serve straight from the apps' static folders when collectstatic has not run (tests, DEBUG).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG

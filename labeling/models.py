@@ -1,0 +1,161 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from console.models import Team
+from labeling.task_kinds import TaskKind
+
+
+class Dataset(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="datasets")
+    name = models.CharField(_("name"), max_length=100)
+    task_kind = models.CharField(_("task kind"), max_length=32, choices=TaskKind.choices)
+    description = models.TextField(_("description"), blank=True)
+    # The allowed labels; empty means any label found in the data is accepted.
+    labels = models.JSONField(_("labels"), default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="dataset_name_unique_in_team")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def label_set(self) -> frozenset[str] | None:
+        return frozenset(self.labels) if self.labels else None
+
+
+class Upload(models.Model):
+    """A file sent in chunks. Its bytes stay in the staging directory until it is complete."""
+
+    class Status(models.TextChoices):
+        RECEIVING = "receiving", _("receiving")
+        COMPLETE = "complete", _("complete")
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="uploads")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    filename = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    received = models.BigIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RECEIVING)
+    sha256 = models.CharField(max_length=64, blank=True)
+    # The storage name once complete; never derived from the user's file name.
+    storage_name = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.filename
+
+
+class DatasetVersion(models.Model):
+    """An immutable version of a dataset: normalised rows in storage, with their report."""
+
+    class Source(models.TextChoices):
+        UPLOAD = "upload", _("upload")
+        LABELING = "labeling", _("labeling export")
+        MERGE = "merge", _("merge")
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    source = models.CharField(max_length=16, choices=Source.choices)
+    # Lineage beyond the parent: the upload, the merged versions, the labeling project.
+    lineage = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    content_hash = models.CharField(max_length=64, db_index=True)
+    format = models.CharField(max_length=8)
+    encoding = models.CharField(max_length=16, blank=True)
+    original_name = models.CharField(max_length=255, blank=True)
+    options = models.JSONField(default=dict)
+    row_count = models.PositiveIntegerField()
+    rejected_count = models.PositiveIntegerField()
+    duplicate_count = models.PositiveIntegerField()
+    split_counts = models.JSONField(default=dict)
+    stats = models.JSONField(default=dict)
+    errors_by_reason = models.JSONField(default=dict)
+    page_index = models.JSONField(default=list)
+    data_file = models.CharField(max_length=255)
+    report_file = models.CharField(max_length=255)
+    original_file = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["dataset", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["dataset", "number"], name="version_number_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset.name} v{self.number}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:
+            raise ValueError("A dataset version is immutable once made.")
+        super().save(*args, **kwargs)
+
+
+class ImportJob(models.Model):
+    """An import of an upload into a new version, run on the Celery `default` queue."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        RUNNING = "running", _("running")
+        SUCCEEDED = "succeeded", _("succeeded")
+        FAILED = "failed", _("failed")
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="import_jobs")
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="imports")
+    upload = models.ForeignKey(Upload, null=True, on_delete=models.SET_NULL, related_name="+")
+    source = models.CharField(max_length=16, choices=DatasetVersion.Source.choices)
+    parents = models.JSONField(default=list, blank=True)  # version ids, for merges
+    format = models.CharField(max_length=8)
+    encoding = models.CharField(max_length=16, blank=True)
+    options = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    rows_read = models.PositiveIntegerField(default=0)
+    bytes_total = models.BigIntegerField(default=0)
+    bytes_read = models.BigIntegerField(default=0)
+    error = models.TextField(blank=True)
+    version = models.ForeignKey(
+        DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # An import whose rows equal an existing version's makes none; this names that version.
+    identical_to = models.ForeignKey(
+        DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    report_file = models.CharField(max_length=255, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"import #{self.pk} → {self.dataset}"
+
+    @property
+    def progress_percent(self) -> int:
+        if self.status == self.Status.SUCCEEDED:
+            return 100
+        if not self.bytes_total:
+            return 0
+        return min(99, int(100 * self.bytes_read / self.bytes_total))

@@ -1,0 +1,257 @@
+"""Streaming readers of uploaded files: format and encoding detection, and records one by one.
+
+A reader yields ``(row_number, record)`` where record is a dict of column → value, or
+``(row_number, RowError)`` for a row that cannot be read (bad JSON, undecodable bytes). Row
+numbers are what a user sees in the file: the header is row 1 of a CSV; JSONL lines count from 1.
+Memory stays bounded: nothing reads the whole file.
+"""
+
+import codecs
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import charset_normalizer
+from django.utils.translation import gettext as _
+
+from labeling.task_kinds import RowError
+
+FORMATS = ("csv", "tsv", "jsonl", "xlsx")
+ENCODINGS = ("utf-8", "utf-8-sig", "gbk", "gb18030")
+SAMPLE_BYTES = 256 * 1024
+# Python's codec for each encoding we offer: GB18030 is a superset of GBK, so GBK files decode
+# as GB18030, which also reads the few characters GBK exporters emit beyond GBK.
+_CODECS = {"utf-8": "utf-8", "utf-8-sig": "utf-8-sig", "gbk": "gb18030", "gb18030": "gb18030"}
+_UNDECODABLE = "\ufffd"
+
+csv.field_size_limit(16 * 1024 * 1024)
+
+
+class FileError(ValueError):
+    """The file as a whole cannot be read (wrong format, no header, unknown encoding)."""
+
+
+@dataclass
+class Detected:
+    format: str
+    encoding: str | None  # None for XLSX
+    confident: bool
+
+
+def detect_format(filename: str, head: bytes) -> str:
+    name = filename.lower()
+    for ext, fmt in (
+        (".tsv", "tsv"),
+        (".jsonl", "jsonl"),
+        (".json", "jsonl"),
+        (".xlsx", "xlsx"),
+        (".csv", "csv"),
+        (".txt", "tsv"),
+    ):
+        if name.endswith(ext):
+            return fmt
+    if head.startswith(b"PK\x03\x04"):
+        return "xlsx"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "jsonl"
+    return "tsv" if head.count(b"\t") > head.count(b",") else "csv"
+
+
+def detect_encoding(sample: bytes) -> tuple[str, bool]:
+    """The encoding of a sample, among those offered, and whether the detection is sure.
+
+    Strict decoding decides among the offered encodings (valid UTF-8 is almost never GBK by
+    chance); charset-normalizer confirms, and guesses for a sample that none decodes (a file
+    with a few corrupt bytes), in which case the user is told it is a guess.
+    """
+    if sample.startswith(codecs.BOM_UTF8):
+        return "utf-8-sig", True
+    # Whole lines only: a sample cut inside a character would look undecodable.
+    cut = sample[: sample.rfind(b"\n") + 1] or sample
+    best = charset_normalizer.from_bytes(
+        cut, cp_isolation=["utf_8", "gb18030", "gbk"], preemptive_behaviour=False
+    ).best()
+    guess = (
+        {"utf_8": "utf-8", "gb18030": "gb18030", "gbk": "gbk"}.get(best.encoding) if best else None
+    )
+    for name in ("utf-8", "gbk", "gb18030"):
+        try:
+            cut.decode(name)
+        except UnicodeDecodeError:
+            continue
+        # GB18030 names a file that needs more than GBK; plain GBK text is named GBK.
+        sure = guess == name or (guess in ("gbk", "gb18030") and name != "utf-8")
+        return name, sure or name == "utf-8"
+    return guess or "utf-8", False
+
+
+def detect(filename: str, stream: BinaryIO) -> Detected:
+    head = stream.read(SAMPLE_BYTES)
+    stream.seek(0)
+    fmt = detect_format(filename, head)
+    if fmt == "xlsx":
+        return Detected("xlsx", None, True)
+    encoding, confident = detect_encoding(head)
+    return Detected(fmt, encoding, confident)
+
+
+def _text_stream(stream: BinaryIO, encoding: str) -> io.TextIOWrapper:
+    # Undecodable bytes become U+FFFD; the row that holds them is reported, not the whole file.
+    return io.TextIOWrapper(stream, encoding=_CODECS[encoding], errors="replace", newline="")
+
+
+def _undecodable(values) -> bool:
+    return any(_UNDECODABLE in v for v in values if isinstance(v, str))
+
+
+def _bad_bytes_error(encoding: str) -> RowError:
+    return RowError(
+        "undecodable",
+        "",
+        _("Bytes that are not valid %(encoding)s: choose another encoding, or fix this row.")
+        % {"encoding": encoding.upper()},
+    )
+
+
+def read_delimited(
+    stream: BinaryIO, encoding: str, delimiter: str
+) -> tuple[list[str], Iterator[tuple[int, dict | RowError]]]:
+    reader = csv.reader(_text_stream(stream, encoding), delimiter=delimiter)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise FileError(_("The file is empty.")) from None
+    header = [h.strip() for h in header]
+    if not any(header):
+        raise FileError(_("The first row holds no column names."))
+    if _undecodable(header):
+        raise FileError(
+            _("The header is not valid %(encoding)s: choose another encoding.")
+            % {"encoding": encoding.upper()}
+        )
+    width = len(header)
+
+    def rows() -> Iterator[tuple[int, dict | RowError]]:
+        end_of_last = reader.line_num
+        for values in reader:
+            # A quoted field may span lines: a row is numbered by the line it starts on.
+            row_number, end_of_last = end_of_last + 1, reader.line_num
+            if not values or (len(values) == 1 and not values[0].strip()):
+                continue
+            if _undecodable(values):
+                yield row_number, _bad_bytes_error(encoding)
+                continue
+            if len(values) > width:
+                yield (
+                    row_number,
+                    RowError(
+                        "bad_columns",
+                        "",
+                        _("%(n)d values in a row under a header of %(w)d columns.")
+                        % {"n": len(values), "w": width},
+                    ),
+                )
+                continue
+            yield row_number, dict(zip(header, values, strict=False))
+
+    return header, rows()
+
+
+def read_jsonl(
+    stream: BinaryIO, encoding: str
+) -> tuple[list[str], Iterator[tuple[int, dict | RowError]]]:
+    text = _text_stream(stream, encoding)
+    peeked: list[tuple[int, dict | RowError]] = []
+    columns: list[str] = []
+
+    def parse() -> Iterator[tuple[int, dict | RowError]]:
+        for number, line in enumerate(text, start=1):
+            if not line.strip():
+                continue
+            if _UNDECODABLE in line:
+                yield number, _bad_bytes_error(encoding)
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield (
+                    number,
+                    RowError("bad_json", "", _("Not valid JSON: %(error)s") % {"error": exc.msg}),
+                )
+                continue
+            if not isinstance(record, dict):
+                yield number, RowError("bad_json", "", _("A line must hold a JSON object."))
+                continue
+            yield number, record
+
+    records = parse()
+    # The columns are the keys of the first records, for the mapping.
+    for item in records:
+        peeked.append(item)
+        if isinstance(item[1], dict):
+            columns.extend(k for k in item[1] if k not in columns)
+        if len(peeked) >= 20:
+            break
+
+    def rows() -> Iterator[tuple[int, dict | RowError]]:
+        yield from peeked
+        yield from records
+
+    return columns, rows()
+
+
+def read_xlsx(stream: BinaryIO) -> tuple[list[str], Iterator[tuple[int, dict | RowError]]]:
+    import openpyxl
+
+    try:
+        workbook = openpyxl.load_workbook(stream, read_only=True, data_only=True)
+    except Exception as exc:  # noqa: BLE001 - openpyxl raises many kinds for a bad file
+        raise FileError(_("Not a readable XLSX workbook: %(error)s") % {"error": exc}) from exc
+    sheet = workbook.worksheets[0]
+    cells = sheet.iter_rows(values_only=True)
+    try:
+        header = ["" if v is None else str(v).strip() for v in next(cells)]
+    except StopIteration:
+        raise FileError(_("The first sheet is empty.")) from None
+    if not any(header):
+        raise FileError(_("The first row holds no column names."))
+
+    def rows() -> Iterator[tuple[int, dict | RowError]]:
+        for number, values in enumerate(cells, start=2):
+            if all(v is None or (isinstance(v, str) and not v.strip()) for v in values):
+                continue
+            yield (
+                number,
+                {
+                    h: ("" if v is None else v if isinstance(v, str) else _cell_text(v))
+                    for h, v in zip(header, values, strict=False)
+                    if h
+                },
+            )
+        workbook.close()
+
+    return header, rows()
+
+
+def _cell_text(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def open_records(
+    stream: BinaryIO, fmt: str, encoding: str | None
+) -> tuple[list[str], Iterator[tuple[int, dict | RowError]]]:
+    """The columns of a file and an iterator over its records."""
+    if fmt not in FORMATS:
+        raise FileError(_("Unknown format “%(format)s”.") % {"format": fmt})
+    if fmt == "xlsx":
+        return read_xlsx(stream)
+    if encoding not in ENCODINGS:
+        raise FileError(_("Unsupported encoding “%(encoding)s”.") % {"encoding": encoding})
+    if fmt == "jsonl":
+        return read_jsonl(stream, encoding)
+    return read_delimited(stream, encoding, "\t" if fmt == "tsv" else ",")

@@ -1,0 +1,193 @@
+"""Reads of the labeling app, shared by console views and the API; all scoped to a team."""
+
+import json
+from dataclasses import dataclass
+from itertools import islice
+
+from django.core.files.storage import default_storage
+from django.db.models import QuerySet
+from django.http import Http404
+
+from console.models import Team
+from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling.pipeline import PAGE_INDEX_STEP
+from labeling.readers import detect, open_records
+from labeling.task_kinds import schema_for
+
+
+def team_datasets(team: Team) -> QuerySet[Dataset]:
+    return Dataset.objects.filter(team=team).order_by("-created_at")
+
+
+def dataset_get(team: Team, dataset_id: int) -> Dataset:
+    dataset = team_datasets(team).filter(pk=dataset_id).first()
+    if dataset is None:
+        raise Http404("No such dataset.")
+    return dataset
+
+
+def version_get(dataset: Dataset, number: int) -> DatasetVersion:
+    version = dataset.versions.filter(number=number).first()
+    if version is None:
+        raise Http404("No such version.")
+    return version
+
+
+def upload_get(team: Team, upload_id) -> Upload:
+    upload = Upload.objects.filter(team=team, pk=upload_id).first()
+    if upload is None:
+        raise Http404("No such upload.")
+    return upload
+
+
+def import_job_get(team: Team, job_id: int) -> ImportJob:
+    job = ImportJob.objects.filter(team=team, pk=job_id).select_related("dataset").first()
+    if job is None:
+        raise Http404("No such import.")
+    return job
+
+
+@dataclass
+class Preview:
+    format: str
+    encoding: str | None
+    detected_encoding: str | None
+    confident: bool
+    columns: list[str]
+    rows: list[dict]
+    mapping: dict[str, str]
+    error: str = ""
+
+
+def upload_preview(
+    upload: Upload, kind: str, fmt: str | None = None, encoding: str | None = None
+) -> Preview:
+    """What the platform makes of an upload: format, encoding, columns, first rows, mapping."""
+    from labeling.readers import FileError
+
+    with default_storage.open(upload.storage_name, "rb") as f:
+        detected = detect(upload.filename, f)
+        fmt = fmt or detected.format
+        encoding = None if fmt == "xlsx" else encoding or detected.encoding or "utf-8"
+        try:
+            columns, records = open_records(f, fmt, encoding)
+            rows = [r for _n, r in islice(records, 10) if isinstance(r, dict)]
+        except FileError as exc:
+            return Preview(
+                fmt, encoding, detected.encoding, detected.confident, [], [], {}, str(exc)
+            )
+    mapping = schema_for(kind).propose_mapping(columns)
+    return Preview(fmt, encoding, detected.encoding, detected.confident, columns, rows, mapping)
+
+
+@dataclass
+class RowsPage:
+    rows: list[tuple[int, dict]]  # (1-based row number in the version, row)
+    page: int
+    has_next: bool
+
+
+def version_rows(
+    version: DatasetVersion,
+    *,
+    page: int = 1,
+    per_page: int = 50,
+    q: str = "",
+    label: str = "",
+    split: str = "",
+) -> RowsPage:
+    """A page of rows. Unfiltered pages seek by the version's offset index; filters stream."""
+    page = max(page, 1)
+    start = (page - 1) * per_page
+    schema = schema_for(version.dataset.task_kind)
+    filtered = bool(q or label or split)
+    with default_storage.open(version.data_file, "rb") as f:
+        first = 0
+        if not filtered and version.page_index:
+            block = min(start // PAGE_INDEX_STEP, len(version.page_index) - 1)
+            f.seek(version.page_index[block])
+            first = block * PAGE_INDEX_STEP
+        found, matched = [], 0
+        for number, line in enumerate(f, start=first + 1):
+            if not filtered and number <= start:
+                continue
+            row = json.loads(line)
+            if filtered:
+                if split and row.get("split") != split:
+                    continue
+                if label and label not in schema.row_labels(row):
+                    continue
+                if q and not any(q in row[t] for t in schema.text_fields):
+                    continue
+                matched += 1
+                if matched <= start:
+                    continue
+            found.append((number, row))
+            if len(found) > per_page:
+                break
+    return RowsPage(found[:per_page], page, len(found) > per_page)
+
+
+def report_entries(path: str, *, page: int = 1, per_page: int = 50, reason: str = "") -> RowsPage:
+    if not path:
+        return RowsPage([], 1, False)
+    start = (max(page, 1) - 1) * per_page
+    found, matched = [], 0
+    with default_storage.open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            entry = json.loads(line)
+            if reason and entry["reason"] != reason:
+                continue
+            matched += 1
+            if matched <= start:
+                continue
+            found.append((number, entry))
+            if len(found) > per_page:
+                break
+    return RowsPage(found[:per_page], page, len(found) > per_page)
+
+
+@dataclass
+class Comparison:
+    added: int
+    removed: int
+    relabeled: int
+    unchanged: int
+    examples: dict[str, list[dict]]
+
+
+def version_compare(old: DatasetVersion, new: DatasetVersion, examples: int = 20) -> Comparison:
+    """Rows added, removed and relabeled from ``old`` to ``new``, matched by their text."""
+    schema = schema_for(old.dataset.task_kind)
+
+    def annotation(row: dict) -> str:
+        return json.dumps(
+            {k: v for k, v in row.items() if k not in schema.text_fields and k != "split"},
+            ensure_ascii=False,
+            sort_keys=True,
+        )
+
+    before: dict[int, tuple[str, str]] = {}
+    with default_storage.open(old.data_file, "rb") as f:
+        for line in f:
+            row = json.loads(line)
+            before[hash(schema.dedup_key(row))] = (annotation(row), line.decode())
+    added = relabeled = unchanged = 0
+    shown: dict[str, list[dict]] = {"added": [], "removed": [], "relabeled": []}
+    with default_storage.open(new.data_file, "rb") as f:
+        for line in f:
+            row = json.loads(line)
+            old_entry = before.pop(hash(schema.dedup_key(row)), None)
+            if old_entry is None:
+                added += 1
+                if len(shown["added"]) < examples:
+                    shown["added"].append(row)
+            elif old_entry[0] != annotation(row):
+                relabeled += 1
+                if len(shown["relabeled"]) < examples:
+                    shown["relabeled"].append({"old": json.loads(old_entry[1]), "new": row})
+            else:
+                unchanged += 1
+    for _ann, line in islice(before.values(), examples):
+        shown["removed"].append(json.loads(line))
+    return Comparison(added, len(before), relabeled, unchanged, shown)

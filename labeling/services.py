@@ -1,0 +1,469 @@
+"""Every write of the labeling app: datasets, chunked uploads, imports, merges."""
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.core.files import File
+from django.core.files.storage import default_storage
+from django.db import IntegrityError, transaction
+from django.db.models import Max, ProtectedError
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from console.models import Team
+from console.services import audit_record
+from labeling import pipeline
+from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling.readers import ENCODINGS, FORMATS, FileError
+from labeling.task_kinds import TaskKind, schema_for
+
+
+def _team_prefix(team: Team) -> str:
+    return f"teams/{team.pk}"
+
+
+def staging_path(upload: Upload) -> Path:
+    # The name is the upload's UUID: nothing the user sent becomes part of a path.
+    return Path(settings.UPLOAD_STAGING_DIR) / f"{upload.pk}.part"
+
+
+# -- Datasets ---------------------------------------------------------------------------------
+
+
+def _clean_labels(labels: Iterable[str]) -> list[str]:
+    cleaned = []
+    for label in labels:
+        label = label.strip()
+        if label and label not in cleaned:
+            cleaned.append(label)
+    return cleaned
+
+
+@transaction.atomic
+def dataset_create(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    name: str,
+    task_kind: str,
+    description: str = "",
+    labels: Iterable[str] = (),
+) -> Dataset:
+    name = name.strip()
+    if not name:
+        raise ValidationError(_("A dataset needs a name."))
+    if task_kind not in TaskKind.values:
+        raise ValidationError(_("Unknown task kind “%(kind)s”.") % {"kind": task_kind})
+    if Dataset.objects.filter(team=team, name=name).exists():
+        raise ValidationError(
+            _("The team already has a dataset named “%(name)s”.") % {"name": name}
+        )
+    dataset = Dataset.objects.create(
+        team=team,
+        name=name,
+        task_kind=task_kind,
+        description=description.strip(),
+        labels=_clean_labels(labels),
+        created_by=actor,
+    )
+    audit_record(
+        action="dataset.create", actor=actor, team=team, target=dataset, data={"kind": task_kind}
+    )
+    return dataset
+
+
+@transaction.atomic
+def dataset_delete(*, actor: AbstractBaseUser, dataset: Dataset) -> None:
+    """Delete a dataset and its files, unless something (a labeling project, a job) uses it."""
+    names = [
+        name
+        for version in dataset.versions.all()
+        for name in (version.data_file, version.report_file, version.original_file)
+        if name
+    ]
+    name, team = dataset.name, dataset.team
+    audit_record(action="dataset.delete", actor=actor, team=team, target=dataset)
+    try:
+        with transaction.atomic():
+            dataset.delete()
+    except ProtectedError as exc:
+        users = sorted({f"{obj._meta.verbose_name} “{obj}”" for obj in exc.protected_objects})
+        raise ValidationError(
+            _("“%(name)s” is in use and cannot be deleted: %(users)s.")
+            % {"name": name, "users": ", ".join(users)}
+        ) from exc
+    transaction.on_commit(lambda: [default_storage.delete(n) for n in names])
+
+
+# -- Chunked uploads ------------------------------------------------------------------------
+
+
+class UploadOffsetMismatch(Exception):
+    """A chunk that does not start where the upload stands; the client resumes from ``offset``."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
+
+def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: int) -> Upload:
+    filename = Path(filename.replace("\\", "/")).name.strip()[:255]
+    if not filename:
+        raise ValidationError(_("The file needs a name."))
+    if size <= 0:
+        raise ValidationError(_("The file is empty."))
+    if size > settings.UPLOAD_MAX_BYTES:
+        raise ValidationError(
+            _("The file is %(size)s MB; the limit of this platform is %(limit)s MB.")
+            % {
+                "size": round(size / 2**20, 1),
+                "limit": round(settings.UPLOAD_MAX_BYTES / 2**20),
+            }
+        )
+    upload = Upload.objects.create(team=team, created_by=actor, filename=filename, size=size)
+    path = staging_path(upload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return upload
+
+
+def upload_write_chunk(*, upload: Upload, offset: int, stream: BinaryIO, length: int) -> Upload:
+    """Append ``length`` bytes at ``offset``; a chunk that overlaps what arrived is re-written,
+    one that would leave a gap is refused with the offset to resume from."""
+    with transaction.atomic():
+        upload = Upload.objects.select_for_update().get(pk=upload.pk)
+        if upload.status == Upload.Status.COMPLETE:
+            raise UploadOffsetMismatch(upload.received)
+        if offset > upload.received or offset < 0:
+            raise UploadOffsetMismatch(upload.received)
+        if offset + length > upload.size:
+            raise ValidationError(_("The chunk goes past the declared size of the file."))
+        path = staging_path(upload)
+        written = 0
+        with open(path, "r+b") as part:
+            part.seek(offset)
+            while written < length:
+                block = stream.read(min(1024 * 1024, length - written))
+                if not block:
+                    break
+                part.write(block)
+                written += len(block)
+            # A dropped connection leaves a short chunk: keep what arrived, resume after it.
+            part.truncate(offset + written)
+        upload.received = offset + written
+        upload.save(update_fields=["received"])
+    if upload.received == upload.size:
+        upload = _upload_complete(upload)
+    return upload
+
+
+def _upload_complete(upload: Upload) -> Upload:
+    path = staging_path(upload)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1024 * 1024), b""):
+            digest.update(block)
+    with open(path, "rb") as f:
+        name = default_storage.save(f"{_team_prefix(upload.team)}/uploads/{upload.pk}", File(f))
+    path.unlink()
+    Upload.objects.filter(pk=upload.pk).update(
+        status=Upload.Status.COMPLETE, storage_name=name, sha256=digest.hexdigest()
+    )
+    upload.refresh_from_db()
+    return upload
+
+
+# -- Imports ---------------------------------------------------------------------------------
+
+
+def _import_options(dataset: Dataset, options: dict) -> pipeline.ImportOptions:
+    schema = schema_for(dataset.task_kind)
+    mapping = {k: v for k, v in (options.get("mapping") or {}).items() if v}
+    unknown = sorted(set(mapping) - set(schema.field_names()))
+    if unknown:
+        raise ValidationError(
+            _("Unknown field(s) for %(kind)s: %(fields)s.")
+            % {"kind": dataset.task_kind, "fields": ", ".join(unknown)}
+        )
+    ratios = tuple(float(r) for r in options.get("ratios") or (0.8, 0.1, 0.1))
+    if len(ratios) != 3 or any(r < 0 for r in ratios) or sum(ratios) <= 0:
+        raise ValidationError(_("Split ratios are three non-negative numbers: train, dev, test."))
+    total = sum(ratios)
+    return pipeline.ImportOptions(
+        mapping=mapping,
+        fullwidth_to_halfwidth=bool(options.get("fullwidth_to_halfwidth", False)),
+        strict=bool(options.get("strict", False)),
+        drop_duplicates=bool(options.get("drop_duplicates", True)),
+        ratios=tuple(round(r / total, 6) for r in ratios),
+        seed=int(options.get("seed", 42)),
+        labels=dataset.label_set(),
+    )
+
+
+@transaction.atomic
+def import_start(
+    *,
+    actor: AbstractBaseUser,
+    dataset: Dataset,
+    upload: Upload,
+    fmt: str,
+    encoding: str | None,
+    options: dict,
+) -> ImportJob:
+    if upload.team_id != dataset.team_id:
+        raise ValidationError(_("No such upload."))
+    if upload.status != Upload.Status.COMPLETE:
+        raise ValidationError(
+            _("The upload is not complete: %(received)d of %(size)d bytes arrived.")
+            % {"received": upload.received, "size": upload.size}
+        )
+    if fmt not in FORMATS:
+        raise ValidationError(_("Unknown format “%(format)s”.") % {"format": fmt})
+    if fmt != "xlsx" and encoding not in ENCODINGS:
+        raise ValidationError(_("Unsupported encoding “%(encoding)s”.") % {"encoding": encoding})
+    parsed = _import_options(dataset, options)
+    job = ImportJob.objects.create(
+        team=dataset.team,
+        dataset=dataset,
+        upload=upload,
+        source=DatasetVersion.Source.UPLOAD,
+        format=fmt,
+        encoding=encoding if fmt != "xlsx" else "",
+        options=parsed.as_dict(),
+        bytes_total=upload.size,
+        created_by=actor,
+    )
+    audit_record(
+        action="dataset.import",
+        actor=actor,
+        team=dataset.team,
+        target=dataset,
+        data={"job": job.pk, "file": upload.filename, "format": fmt, "encoding": encoding},
+    )
+    _enqueue(job)
+    return job
+
+
+@transaction.atomic
+def version_merge(
+    *, actor: AbstractBaseUser, dataset: Dataset, versions: list[DatasetVersion], options: dict
+) -> ImportJob:
+    """Merge versions of one dataset into a new version (deduplicated, split anew)."""
+    if len(versions) < 2:
+        raise ValidationError(_("Choose at least two versions to merge."))
+    if any(v.dataset_id != dataset.pk for v in versions):
+        raise ValidationError(_("Only versions of the same dataset can be merged."))
+    schema = schema_for(dataset.task_kind)
+    options = {**options, "mapping": {f: f for f in schema.field_names()}}
+    parsed = _import_options(dataset, options)
+    job = ImportJob.objects.create(
+        team=dataset.team,
+        dataset=dataset,
+        source=DatasetVersion.Source.MERGE,
+        parents=[v.pk for v in versions],
+        format="jsonl",
+        encoding="utf-8",
+        options=parsed.as_dict(),
+        bytes_total=sum(default_storage.size(v.data_file) for v in versions),
+        created_by=actor,
+    )
+    audit_record(
+        action="dataset.merge",
+        actor=actor,
+        team=dataset.team,
+        target=dataset,
+        data={"job": job.pk, "versions": [v.number for v in versions]},
+    )
+    _enqueue(job)
+    return job
+
+
+def _enqueue(job: ImportJob) -> None:
+    from labeling.tasks import run_import_job
+
+    transaction.on_commit(lambda: run_import_job.delay(job.pk))
+
+
+def _options_from(job: ImportJob) -> pipeline.ImportOptions:
+    o = job.options
+    return pipeline.ImportOptions(
+        mapping=o["mapping"],
+        fullwidth_to_halfwidth=o["fullwidth_to_halfwidth"],
+        strict=o["strict"],
+        drop_duplicates=o["drop_duplicates"],
+        ratios=tuple(o["ratios"]),
+        seed=o["seed"],
+        labels=frozenset(o["labels"]) if o["labels"] is not None else None,
+    )
+
+
+def _merged_input(job: ImportJob, workdir: Path) -> Path:
+    """The rows of the merged versions, one JSON object a line, without their old splits."""
+    path = workdir / "merged-input.jsonl"
+    with open(path, "w", encoding="utf-8") as out:
+        for version in DatasetVersion.objects.filter(pk__in=job.parents).order_by("number"):
+            with default_storage.open(version.data_file, "rb") as f:
+                for line in f:
+                    row = json.loads(line)
+                    row.pop("split", None)
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def import_run(job_id: int) -> ImportJob:
+    """Run an import job to its end (called by the Celery task; safe to run again)."""
+    job = ImportJob.objects.select_related("dataset__team", "upload").get(pk=job_id)
+    if job.status == ImportJob.Status.SUCCEEDED:
+        return job
+    ImportJob.objects.filter(pk=job.pk).update(
+        status=ImportJob.Status.RUNNING, rows_read=0, bytes_read=0, error=""
+    )
+    dataset = job.dataset
+    staging = Path(settings.UPLOAD_STAGING_DIR)
+    staging.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"import-{job.pk}-", dir=staging) as tmp:
+        workdir = Path(tmp)
+        try:
+            if job.source == DatasetVersion.Source.MERGE:
+                stream = open(_merged_input(job, workdir), "rb")  # noqa: SIM115 - closed below
+            else:
+                stream = default_storage.open(job.upload.storage_name, "rb")
+            with stream:
+
+                def progress(rows: int) -> None:
+                    ImportJob.objects.filter(pk=job.pk).update(
+                        rows_read=rows, bytes_read=stream.tell()
+                    )
+
+                result = pipeline.run_import(
+                    stream,
+                    fmt=job.format,
+                    encoding=job.encoding or None,
+                    schema=schema_for(dataset.task_kind),
+                    options=_options_from(job),
+                    workdir=workdir,
+                    progress=progress,
+                )
+        except (pipeline.ImportFailed, FileError) as exc:
+            return _import_failed(job, str(exc), workdir / "report.jsonl")
+        except Exception as exc:
+            # Not the file's fault: say so on the job, and let Celery log the traceback.
+            _import_failed(job, _("Internal error: %(error)s") % {"error": exc}, Path("/dev/null"))
+            raise
+        return _import_succeeded(job, result)
+
+
+def _save_report(job: ImportJob, report: Path) -> str:
+    if not report.is_file():
+        return ""
+    prefix = f"{_team_prefix(job.team)}/imports/{job.pk}"
+    with open(report, "rb") as f:
+        return default_storage.save(f"{prefix}/report.jsonl", File(f))
+
+
+def _import_failed(job: ImportJob, message: str, report: Path) -> ImportJob:
+    ImportJob.objects.filter(pk=job.pk).update(
+        status=ImportJob.Status.FAILED,
+        error=message,
+        report_file=_save_report(job, report),
+        finished_at=timezone.now(),
+    )
+    job.refresh_from_db()
+    return job
+
+
+def _import_succeeded(job: ImportJob, result: pipeline.ImportResult) -> ImportJob:
+    dataset = job.dataset
+    identical = dataset.versions.filter(content_hash=result.content_hash).first()
+    report_file = _save_report(job, result.report_path)
+    if identical is not None:
+        ImportJob.objects.filter(pk=job.pk).update(
+            status=ImportJob.Status.SUCCEEDED,
+            identical_to=identical,
+            report_file=report_file,
+            rows_read=result.rows + result.rejected,
+            bytes_read=job.bytes_total,
+            finished_at=timezone.now(),
+        )
+        job.refresh_from_db()
+        return job
+    for _attempt in range(3):
+        try:
+            version = _version_create(job, result, report_file)
+            break
+        except IntegrityError:  # another import took the number: take the next
+            continue
+    else:
+        raise RuntimeError("could not number the new version")
+    ImportJob.objects.filter(pk=job.pk).update(
+        status=ImportJob.Status.SUCCEEDED,
+        version=version,
+        report_file=report_file,
+        rows_read=result.rows + result.rejected,
+        bytes_read=job.bytes_total,
+        finished_at=timezone.now(),
+    )
+    job.refresh_from_db()
+    return job
+
+
+@transaction.atomic
+def _version_create(job: ImportJob, result: pipeline.ImportResult, report_file: str):
+    dataset = job.dataset
+    number = (dataset.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+    prefix = f"{_team_prefix(dataset.team)}/datasets/{dataset.pk}/v{number}"
+    with open(result.data_path, "rb") as f:
+        data_file = default_storage.save(f"{prefix}/data.jsonl", File(f))
+    version_report = ""
+    if report_file:
+        with default_storage.open(report_file, "rb") as f:
+            version_report = default_storage.save(f"{prefix}/report.jsonl", File(f))
+    original_file, lineage = "", {}
+    if job.source == DatasetVersion.Source.UPLOAD:
+        ext = job.format
+        with default_storage.open(job.upload.storage_name, "rb") as f:
+            original_file = default_storage.save(f"{prefix}/original.{ext}", File(f))
+        lineage = {"upload": str(job.upload.pk), "sha256": job.upload.sha256}
+        parent = dataset.versions.order_by("-number").first()
+    else:
+        parents = list(DatasetVersion.objects.filter(pk__in=job.parents).order_by("number"))
+        lineage = {"merged": [{"id": v.pk, "number": v.number} for v in parents]}
+        parent = parents[0]
+    version = DatasetVersion.objects.create(
+        dataset=dataset,
+        number=number,
+        parent=parent,
+        source=job.source,
+        lineage={**lineage, "import_job": job.pk},
+        created_by=job.created_by,
+        content_hash=result.content_hash,
+        format=job.format,
+        encoding=job.encoding,
+        original_name=job.upload.filename if job.upload else "",
+        options=job.options,
+        row_count=result.rows,
+        rejected_count=result.rejected,
+        duplicate_count=result.duplicates,
+        split_counts=result.split_counts,
+        stats=result.stats,
+        errors_by_reason=result.errors_by_reason,
+        page_index=result.page_index,
+        data_file=data_file,
+        report_file=version_report,
+        original_file=original_file,
+    )
+    audit_record(
+        action="dataset_version.create",
+        actor=job.created_by,
+        team=dataset.team,
+        target=version,
+        data={"rows": result.rows, "rejected": result.rejected, "source": job.source},
+    )
+    return version

@@ -1,0 +1,262 @@
+"""The task kinds of the platform, as datasets see them: one definition per kind of its fields,
+the header names that map to them, and how a mapped record becomes a valid row or an error.
+
+A row is a dict with the kind's fields: ``text`` and ``label`` (text_classification), ``text``
+and ``labels`` (multi_label), ``text`` and ``entities`` (ner, character offsets, end exclusive),
+``text_a``, ``text_b`` and ``label`` (text_pair). Labels may be missing: unlabeled rows go to
+labeling next.
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from labeling.normalize import Normalizer
+
+
+class TaskKind(models.TextChoices):
+    TEXT_CLASSIFICATION = "text_classification", _("Text classification (单标签分类)")
+    MULTI_LABEL = "multi_label", _("Multi-label classification (多标签分类)")
+    NER = "ner", _("Named entity recognition (命名实体识别)")
+    TEXT_PAIR = "text_pair", _("Text matching (文本匹配)")
+
+
+class RowError(ValueError):
+    """A row that cannot be imported: ``column`` names the field, ``reason`` is a short code."""
+
+    def __init__(self, reason: str, column: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.column = column
+        self.message = message
+
+
+# Separators accepted between the labels of a multi_label cell: "财经|科技", "财经,科技", "财经、科技".
+LABEL_SEPARATORS = "|,;，；、"
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    required: bool
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schema:
+    kind: TaskKind
+    fields: tuple[Field, ...]
+    # The field that carries the annotation, if any: stratification and statistics use it.
+    label_field: str | None
+    text_fields: tuple[str, ...] = ("text",)
+    _build: Callable = field(default=None, repr=False, compare=False)
+
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def propose_mapping(self, columns: list[str]) -> dict[str, str]:
+        """Field → column, from the header's names (case-insensitive, Chinese aliases too)."""
+        lowered = {c.strip().lower(): c for c in columns}
+        mapping = {}
+        for f in self.fields:
+            for candidate in (f.name, *f.aliases):
+                if candidate.lower() in lowered:
+                    mapping[f.name] = lowered[candidate.lower()]
+                    break
+        return mapping
+
+    def build_row(self, record: dict, norm: Normalizer, labels: frozenset[str] | None) -> dict:
+        """A normalised, valid row from a mapped record ({field: raw value}), or RowError."""
+        return self._build(record, norm, labels)
+
+    def row_labels(self, row: dict) -> list[str]:
+        """The labels a row carries, for statistics and stratification."""
+        if self.kind == TaskKind.MULTI_LABEL:
+            return row.get("labels") or []
+        if self.kind == TaskKind.NER:
+            return [e["label"] for e in row.get("entities") or []]
+        value = row.get("label")
+        return [value] if value else []
+
+    def strata_key(self, row: dict) -> str:
+        """What splits are stratified by: the label, the label set, or nothing for NER."""
+        if self.kind == TaskKind.NER:
+            return ""
+        return "|".join(sorted(self.row_labels(row)))
+
+    def dedup_key(self, row: dict) -> str:
+        return "\x1f".join(row[f] for f in self.text_fields)
+
+    def text_length(self, row: dict) -> int:
+        return sum(len(row[f]) for f in self.text_fields)
+
+
+def _text(record: dict, name: str, norm: Normalizer) -> str:
+    value = record.get(name)
+    text = norm.text(value if isinstance(value, str) else "" if value is None else str(value))
+    if not text:
+        raise RowError("empty_text", name, _("The text is empty."))
+    return text
+
+
+def _label(value, name: str, norm: Normalizer, labels: frozenset[str] | None) -> str | None:
+    if value is None:
+        return None
+    label = norm.label(str(value))
+    if not label:
+        return None
+    if labels is not None and label not in labels:
+        raise RowError("unknown_label", name, _("Unknown label “%(label)s”.") % {"label": label})
+    return label
+
+
+def _build_classification(record, norm, labels):
+    return {
+        "text": _text(record, "text", norm),
+        "label": _label(record.get("label"), "label", norm, labels),
+    }
+
+
+def _build_multi_label(record, norm, labels):
+    value = record.get("labels")
+    if isinstance(value, str):
+        for sep in LABEL_SEPARATORS[1:]:
+            value = value.replace(sep, LABEL_SEPARATORS[0])
+        value = value.split(LABEL_SEPARATORS[0])
+    elif value is None:
+        value = []
+    elif not isinstance(value, list):
+        raise RowError("bad_labels", "labels", _("Labels must be a list or a separated string."))
+    found = []
+    for item in value:
+        label = _label(item, "labels", norm, labels)
+        if label and label not in found:
+            found.append(label)
+    return {"text": _text(record, "text", norm), "labels": found}
+
+
+def _build_pair(record, norm, labels):
+    return {
+        "text_a": _text(record, "text_a", norm),
+        "text_b": _text(record, "text_b", norm),
+        "label": _label(record.get("label"), "label", norm, labels),
+    }
+
+
+def _build_ner(record, norm, labels):
+    raw = record.get("text")
+    raw = raw if isinstance(raw, str) else "" if raw is None else str(raw)
+    entities = record.get("entities")
+    if isinstance(entities, str):
+        try:
+            entities = json.loads(entities) if entities.strip() else []
+        except json.JSONDecodeError as exc:
+            raise RowError(
+                "bad_json", "entities", _("The entities are not valid JSON: %(e)s") % {"e": exc}
+            ) from exc
+    if entities is None:
+        entities = []
+    if not isinstance(entities, list):
+        raise RowError("bad_entities", "entities", _("The entities must be a list."))
+    spans = []
+    for i, entity in enumerate(entities):
+        if not isinstance(entity, dict) or not {"start", "end", "label"} <= entity.keys():
+            raise RowError(
+                "bad_entities",
+                "entities",
+                _("Entity %(n)d needs start, end and label.") % {"n": i + 1},
+            )
+        start, end = entity["start"], entity["end"]
+        if not isinstance(start, int) or not isinstance(end, int) or not 0 <= start < end:
+            raise RowError(
+                "span_outside_text",
+                "entities",
+                _("Entity %(n)d has an empty or negative span [%(s)s, %(e)s).")
+                % {"n": i + 1, "s": start, "e": end},
+            )
+        if end > len(raw):
+            raise RowError(
+                "span_outside_text",
+                "entities",
+                _("Entity %(n)d [%(s)d, %(e)d) lies outside the text of %(len)d characters.")
+                % {"n": i + 1, "s": start, "e": end, "len": len(raw)},
+            )
+        label = _label(entity["label"], "entities", norm, labels)
+        if label is None:
+            raise RowError(
+                "bad_entities", "entities", _("Entity %(n)d has no label.") % {"n": i + 1}
+            )
+        spans.append((start, end, label))
+    spans.sort()
+    for (s1, e1, l1), (s2, e2, l2) in zip(spans, spans[1:], strict=False):
+        if s2 < e1:
+            raise RowError(
+                "overlapping_spans",
+                "entities",
+                _("Entities [%(s1)d, %(e1)d) %(l1)s and [%(s2)d, %(e2)d) %(l2)s overlap.")
+                % {"s1": s1, "e1": e1, "l1": l1, "s2": s2, "e2": e2, "l2": l2},
+            )
+    text, remap = norm.text_with_offsets(raw)
+    if not text:
+        raise RowError("empty_text", "text", _("The text is empty."))
+    moved = []
+    for start, end, label in spans:
+        new_start, new_end = remap(start), remap(end)
+        if new_end <= new_start:
+            raise RowError(
+                "span_outside_text",
+                "entities",
+                _("Entity [%(s)d, %(e)d) %(l)s covers only whitespace.")
+                % {"s": start, "e": end, "l": label},
+            )
+        moved.append({"start": new_start, "end": new_end, "label": label})
+    return {"text": text, "entities": moved}
+
+
+SCHEMAS: dict[str, Schema] = {
+    TaskKind.TEXT_CLASSIFICATION: Schema(
+        TaskKind.TEXT_CLASSIFICATION,
+        (
+            Field("text", True, ("文本", "内容", "content", "sentence", "review", "评论", "句子")),
+            Field("label", False, ("标签", "类别", "分类", "category", "class", "labels")),
+        ),
+        label_field="label",
+        _build=_build_classification,
+    ),
+    TaskKind.MULTI_LABEL: Schema(
+        TaskKind.MULTI_LABEL,
+        (
+            Field("text", True, ("文本", "内容", "content", "sentence", "评论", "句子")),
+            Field("labels", False, ("label", "标签", "类别", "categories", "tags")),
+        ),
+        label_field="labels",
+        _build=_build_multi_label,
+    ),
+    TaskKind.NER: Schema(
+        TaskKind.NER,
+        (
+            Field("text", True, ("文本", "内容", "content", "sentence", "句子")),
+            Field("entities", False, ("实体", "spans", "label", "labels")),
+        ),
+        label_field="entities",
+        _build=_build_ner,
+    ),
+    TaskKind.TEXT_PAIR: Schema(
+        TaskKind.TEXT_PAIR,
+        (
+            Field("text_a", True, ("sentence1", "query", "句子1", "文本1", "question1")),
+            Field("text_b", True, ("sentence2", "title", "句子2", "文本2", "question2")),
+            Field("label", False, ("标签", "是否相似", "similar", "category")),
+        ),
+        label_field="label",
+        text_fields=("text_a", "text_b"),
+        _build=_build_pair,
+    ),
+}
+
+
+def schema_for(kind: str) -> Schema:
+    return SCHEMAS[kind]
