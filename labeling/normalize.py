@@ -8,6 +8,9 @@ from collections.abc import Callable
 _FULLWIDTH = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
 
 
+_is_nfc = unicodedata.is_normalized
+
+
 class Normalizer:
     def __init__(self, fullwidth_to_halfwidth: bool = False) -> None:
         self.fullwidth = fullwidth_to_halfwidth
@@ -20,7 +23,12 @@ class Normalizer:
         return value
 
     def text(self, value: str) -> str:
-        return self._unicode(value).strip()
+        # The hot path of every import: _unicode inlined.
+        if not _is_nfc("NFC", value):
+            value = unicodedata.normalize("NFC", value)
+        if self.fullwidth:
+            value = value.translate(_FULLWIDTH)
+        return value.strip()
 
     label = text
 

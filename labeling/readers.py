@@ -103,8 +103,8 @@ def _text_stream(stream: BinaryIO, encoding: str) -> io.TextIOWrapper:
     return io.TextIOWrapper(stream, encoding=_CODECS[encoding], errors="replace", newline="")
 
 
-def _undecodable(values) -> bool:
-    return any(_UNDECODABLE in v for v in values if isinstance(v, str))
+def _undecodable(values: list[str]) -> bool:
+    return _UNDECODABLE in "".join(values)
 
 
 def _bad_bytes_error(encoding: str) -> RowError:
@@ -119,7 +119,8 @@ def _bad_bytes_error(encoding: str) -> RowError:
 def read_delimited(
     stream: BinaryIO, encoding: str, delimiter: str
 ) -> tuple[list[str], Iterator[tuple[int, dict | RowError]]]:
-    reader = csv.reader(_text_stream(stream, encoding), delimiter=delimiter)
+    text = _text_stream(stream, encoding)
+    reader = csv.reader(text, delimiter=delimiter)
     try:
         header = next(reader)
     except StopIteration:
@@ -156,6 +157,7 @@ def read_delimited(
                 )
                 continue
             yield row_number, dict(zip(header, values, strict=False))
+        text.detach()  # the caller's stream stays open
 
     return header, rows()
 
@@ -199,6 +201,7 @@ def read_jsonl(
     def rows() -> Iterator[tuple[int, dict | RowError]]:
         yield from peeked
         yield from records
+        text.detach()  # the caller's stream stays open
 
     return columns, rows()
 
@@ -208,7 +211,7 @@ def read_xlsx(stream: BinaryIO) -> tuple[list[str], Iterator[tuple[int, dict | R
 
     try:
         workbook = openpyxl.load_workbook(stream, read_only=True, data_only=True)
-    except Exception as exc:  # noqa: BLE001 - openpyxl raises many kinds for a bad file
+    except Exception as exc:
         raise FileError(_("Not a readable XLSX workbook: %(error)s") % {"error": exc}) from exc
     sheet = workbook.worksheets[0]
     cells = sheet.iter_rows(values_only=True)

@@ -191,3 +191,17 @@ def version_compare(old: DatasetVersion, new: DatasetVersion, examples: int = 20
     for _ann, line in islice(before.values(), examples):
         shown["removed"].append(json.loads(line))
     return Comparison(added, len(before), relabeled, unchanged, shown)
+
+
+def version_file(version: DatasetVersion, kind: str) -> tuple[str, str]:
+    """The storage name and download name of a version's ``original``, ``normalized`` or
+    ``report`` file; 404 for anything else."""
+    base = f"{version.dataset.name}-v{version.number}"
+    name, filename = {
+        "original": (version.original_file, version.original_name or f"{base}.{version.format}"),
+        "normalized": (version.data_file, f"{base}.jsonl"),
+        "report": (version.report_file, f"{base}-report.jsonl"),
+    }.get(kind, ("", ""))
+    if not name:
+        raise Http404("No such file.")
+    return name, filename

@@ -332,7 +332,7 @@ def import_run(job_id: int) -> ImportJob:
         workdir = Path(tmp)
         try:
             if job.source == DatasetVersion.Source.MERGE:
-                stream = open(_merged_input(job, workdir), "rb")  # noqa: SIM115 - closed below
+                stream = open(_merged_input(job, workdir), "rb")
             else:
                 stream = default_storage.open(job.upload.storage_name, "rb")
             with stream:

@@ -7,6 +7,7 @@ and ``labels`` (multi_label), ``text`` and ``entities`` (ner, character offsets,
 labeling next.
 """
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class RowError(ValueError):
         self.message = message
 
 
-# Separators accepted between the labels of a multi_label cell: "财经|科技", "财经,科技", "财经、科技".
+# Separators between the labels of a multi_label cell: "财经|科技", "财经、科技"…
 LABEL_SEPARATORS = "|,;，；、"
 
 
@@ -74,12 +75,12 @@ class Schema:
 
     def row_labels(self, row: dict) -> list[str]:
         """The labels a row carries, for statistics and stratification."""
+        if self.label_field == "label":
+            value = row.get("label")
+            return [value] if value else []
         if self.kind == TaskKind.MULTI_LABEL:
             return row.get("labels") or []
-        if self.kind == TaskKind.NER:
-            return [e["label"] for e in row.get("entities") or []]
-        value = row.get("label")
-        return [value] if value else []
+        return [e["label"] for e in row.get("entities") or []]
 
     def strata_key(self, row: dict) -> str:
         """What splits are stratified by: the label, the label set, or nothing for NER."""
@@ -88,7 +89,9 @@ class Schema:
         return "|".join(sorted(self.row_labels(row)))
 
     def dedup_key(self, row: dict) -> str:
-        return "\x1f".join(row[f] for f in self.text_fields)
+        if len(self.text_fields) == 1:
+            return row[self.text_fields[0]]
+        return "\x1f".join([row[f] for f in self.text_fields])
 
     def text_length(self, row: dict) -> int:
         return sum(len(row[f]) for f in self.text_fields)
@@ -96,16 +99,18 @@ class Schema:
 
 def _text(record: dict, name: str, norm: Normalizer) -> str:
     value = record.get(name)
-    text = norm.text(value if isinstance(value, str) else "" if value is None else str(value))
+    if type(value) is not str:
+        value = "" if value is None else str(value)
+    text = norm.text(value)
     if not text:
         raise RowError("empty_text", name, _("The text is empty."))
     return text
 
 
 def _label(value, name: str, norm: Normalizer, labels: frozenset[str] | None) -> str | None:
-    if value is None:
+    if value is None or value == "":
         return None
-    label = norm.label(str(value))
+    label = norm.label(value if type(value) is str else str(value))
     if not label:
         return None
     if labels is not None and label not in labels:
@@ -191,7 +196,7 @@ def _build_ner(record, norm, labels):
             )
         spans.append((start, end, label))
     spans.sort()
-    for (s1, e1, l1), (s2, e2, l2) in zip(spans, spans[1:], strict=False):
+    for (s1, e1, l1), (s2, e2, l2) in itertools.pairwise(spans):
         if s2 < e1:
             raise RowError(
                 "overlapping_spans",

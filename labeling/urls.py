@@ -1,10 +1,46 @@
 from django.urls import path
 
-from labeling import views
+from labeling import api, views
 
 app_name = "labeling"
 
+T = "t/<slug:team>/"
+D = T + "datasets/<int:dataset_id>/"
+V = D + "v/<int:number>/"
+A = "api/v1/teams/<slug:team>/"
+AD = A + "datasets/<int:dataset_id>/"
+AV = AD + "versions/<int:number>/"
+
 urlpatterns = [
-    path("t/<slug:team>/datasets/", views.datasets, name="datasets"),
-    path("t/<slug:team>/labeling/", views.projects, name="projects"),
+    path(T + "datasets/", views.datasets, name="datasets"),
+    path(D, views.dataset, name="dataset"),
+    path(D + "delete/", views.dataset_delete, name="dataset_delete"),
+    path(D + "import/<uuid:upload_id>/", views.import_mapping, name="import_mapping"),
+    path(D + "compare/", views.compare, name="compare"),
+    path(D + "merge/", views.merge, name="merge"),
+    path(V, views.version, name="version"),
+    path(V + "rows/", views.version_rows, name="version_rows"),
+    path(V + "report/", views.version_report, name="version_report"),
+    path(V + "download/<slug:kind>/", views.version_download, name="version_download"),
+    path(T + "imports/<int:job_id>/", views.import_job, name="import_job"),
+    path(T + "labeling/", views.projects, name="projects"),
+    # REST API
+    path(A + "datasets/", api.DatasetListCreate.as_view(), name="api_datasets"),
+    path(AD, api.DatasetDetail.as_view(), name="api_dataset"),
+    path(AD + "imports/", api.ImportCreate.as_view(), name="api_imports"),
+    path(AD + "merge/", api.Merge.as_view(), name="api_merge"),
+    path(AD + "compare/", api.Compare.as_view(), name="api_compare"),
+    path(AD + "versions/", api.VersionList.as_view(), name="api_versions"),
+    path(AV, api.VersionDetail.as_view(), name="api_version"),
+    path(AV + "rows/", api.VersionRows.as_view(), name="api_version_rows"),
+    path(AV + "report/", api.VersionReport.as_view(), name="api_version_report"),
+    path(AV + "download/<slug:kind>/", api.VersionDownload.as_view(), name="api_version_download"),
+    path(A + "uploads/", api.UploadCreate.as_view(), name="api_uploads"),
+    path(A + "uploads/<uuid:upload_id>/", api.UploadDetail.as_view(), name="api_upload"),
+    path(
+        A + "uploads/<uuid:upload_id>/preview/",
+        api.UploadPreview.as_view(),
+        name="api_upload_preview",
+    ),
+    path(A + "imports/<int:job_id>/", api.ImportDetail.as_view(), name="api_import"),
 ]

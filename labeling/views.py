@@ -1,12 +1,253 @@
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+"""Console pages of datasets: list, detail with upload, column mapping, import progress,
+versions with statistics, rows, report, downloads, compare, merge."""
+
+import itertools
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.files.storage import default_storage
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
 
 from console.permissions import team_view
+from console.roles import Perm, role_allows
+from labeling import selectors, services
+from labeling.forms import DatasetForm, ImportForm
+from labeling.models import ImportJob
+from labeling.pipeline import LENGTH_BINS, SPLITS
+from labeling.task_kinds import schema_for
+
+
+def _error_text(exc: ValidationError) -> str:
+    return " ".join(exc.messages)
+
+
+def _can_write(request: HttpRequest) -> bool:
+    return role_allows(request.membership.role, Perm.DATASET_WRITE)
+
+
+def bars(counts: dict[str, int], limit: int = 30) -> list[dict]:
+    """Rows of a horizontal bar chart: label, count, width in percent of the largest."""
+    items = list(counts.items())[:limit]
+    top = max((c for _, c in items), default=0) or 1
+    return [{"label": k, "count": c, "pct": round(100 * c / top, 1)} for k, c in items]
+
+
+def length_bars(stats: dict) -> dict[str, int]:
+    edges = stats.get("length_bins", list(LENGTH_BINS))
+    hist = stats.get("length_hist", [])
+    labels = [f"{lo}–{hi - 1}" for lo, hi in itertools.pairwise(edges)] + [f"≥{edges[-1]}"]
+    return dict(zip(labels, hist, strict=False))
+
+
+@team_view(write=Perm.DATASET_WRITE)
+def datasets(request: HttpRequest) -> HttpResponse:
+    form = DatasetForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            dataset = services.dataset_create(
+                actor=request.user, team=request.team, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("labeling:dataset", team=request.team.slug, dataset_id=dataset.pk)
+    return render(
+        request,
+        "labeling/datasets.html",
+        {
+            "datasets": selectors.team_datasets(request.team).prefetch_related("versions"),
+            "form": form,
+            "can_write": _can_write(request),
+        },
+    )
+
+
+@team_view(write=Perm.DATASET_WRITE)
+def dataset(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    return render(
+        request,
+        "labeling/dataset.html",
+        {
+            "dataset": ds,
+            "versions": ds.versions.select_related("created_by", "parent"),
+            "imports": ds.imports.select_related("version", "identical_to", "upload")[:10],
+            "can_write": _can_write(request),
+            "chunk_size": settings.UPLOAD_CHUNK_BYTES,
+            "max_mb": settings.UPLOAD_MAX_BYTES // 2**20,
+        },
+    )
+
+
+@team_view(write=Perm.DATASET_WRITE)
+@require_POST
+def dataset_delete(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    try:
+        services.dataset_delete(actor=request.user, dataset=ds)
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+        return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
+    messages.success(request, _("Dataset “%(name)s” deleted.") % {"name": ds.name})
+    return redirect("labeling:datasets", team=request.team.slug)
+
+
+@team_view(read=Perm.DATASET_WRITE, write=Perm.DATASET_WRITE)
+def import_mapping(request: HttpRequest, dataset_id: int, upload_id) -> HttpResponse:
+    """Check what the platform made of the file, map its columns, choose the options."""
+    ds = selectors.dataset_get(request.team, dataset_id)
+    upload = selectors.upload_get(request.team, upload_id)
+    if upload.status != upload.Status.COMPLETE:
+        raise Http404("The upload is not complete.")
+    source = request.POST if request.method == "POST" else request.GET
+    preview = selectors.upload_preview(
+        upload, ds.task_kind, source.get("format") or None, source.get("encoding") or None
+    )
+    initial = {"format": preview.format, "encoding": preview.encoding}
+    initial.update({f"map_{k}": v for k, v in preview.mapping.items()})
+    form = ImportForm(
+        request.POST if request.method == "POST" and "start" in request.POST else None,
+        kind=ds.task_kind,
+        columns=preview.columns,
+        initial=initial,
+    )
+    if form.is_bound and form.is_valid():
+        try:
+            job = services.import_start(
+                actor=request.user,
+                dataset=ds,
+                upload=upload,
+                fmt=form.cleaned_data["format"],
+                encoding=form.cleaned_data["encoding"] or None,
+                options=form.import_options(),
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
+    return render(
+        request,
+        "labeling/import_mapping.html",
+        {"dataset": ds, "upload": upload, "preview": preview, "form": form},
+    )
 
 
 @team_view()
-def datasets(request: HttpRequest) -> HttpResponse:
-    return render(request, "labeling/datasets.html")
+def import_job(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.import_job_get(request.team, job_id)
+    template = "labeling/_import_status.html" if request.htmx else "labeling/import_job.html"
+    report = selectors.report_entries(job.report_file, per_page=20) if job.report_file else None
+    return render(request, template, {"job": job, "report": report, "Status": ImportJob.Status})
+
+
+@team_view()
+def version(request: HttpRequest, dataset_id: int, number: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    v = selectors.version_get(ds, number)
+    stats = v.stats
+    return render(
+        request,
+        "labeling/version.html",
+        {
+            "dataset": ds,
+            "version": v,
+            "label_bars": bars(stats.get("labels", {})),
+            "length_bars": bars(length_bars(stats), limit=100),
+            "entity_bars": bars(stats.get("entities", {})),
+            "split_rows": [(s, v.split_counts.get(s, 0)) for s in SPLITS],
+            "reasons": sorted(v.errors_by_reason.items(), key=lambda kv: -kv[1]),
+            "other_versions": ds.versions.exclude(pk=v.pk),
+        },
+    )
+
+
+def _int(value, default: int = 1) -> int:
+    try:
+        return max(int(value), 1)
+    except (TypeError, ValueError):
+        return default
+
+
+@team_view()
+def version_rows(request: HttpRequest, dataset_id: int, number: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    v = selectors.version_get(ds, number)
+    filters = {k: request.GET.get(k, "").strip() for k in ("q", "label", "split")}
+    page = selectors.version_rows(v, page=_int(request.GET.get("page")), **filters)
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "labeling/version_rows.html",
+        {
+            "dataset": ds,
+            "version": v,
+            "page": page,
+            "filters": filters,
+            "query": query.urlencode(),
+            "labels": list(v.stats.get("labels", {})),
+            "splits": SPLITS,
+            "fields": schema_for(ds.task_kind).field_names(),
+        },
+    )
+
+
+@team_view()
+def version_report(request: HttpRequest, dataset_id: int, number: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    v = selectors.version_get(ds, number)
+    reason = request.GET.get("reason", "")
+    page = selectors.report_entries(
+        v.report_file, page=_int(request.GET.get("page")), reason=reason
+    )
+    return render(
+        request,
+        "labeling/version_report.html",
+        {
+            "dataset": ds,
+            "version": v,
+            "page": page,
+            "reason": reason,
+            "reasons": sorted(v.errors_by_reason),
+        },
+    )
+
+
+@team_view()
+def version_download(request: HttpRequest, dataset_id: int, number: int, kind: str) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    name, filename = selectors.version_file(selectors.version_get(ds, number), kind)
+    return FileResponse(default_storage.open(name, "rb"), as_attachment=True, filename=filename)
+
+
+@team_view()
+def compare(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    a, b = _int(request.GET.get("a"), 0), _int(request.GET.get("b"), 0)
+    old, new = selectors.version_get(ds, a), selectors.version_get(ds, b)
+    return render(
+        request,
+        "labeling/compare.html",
+        {"dataset": ds, "old": old, "new": new, "diff": selectors.version_compare(old, new)},
+    )
+
+
+@team_view(write=Perm.DATASET_WRITE)
+@require_POST
+def merge(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    numbers = [_int(n, 0) for n in request.POST.getlist("versions")]
+    versions = list(ds.versions.filter(number__in=numbers))
+    try:
+        job = services.version_merge(actor=request.user, dataset=ds, versions=versions, options={})
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+        return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
+    return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
 
 
 @team_view()

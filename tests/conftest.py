@@ -33,6 +33,35 @@ def make_team(db):
     return make
 
 
+def make_version(dataset, owner, rows: list[list[str]] | None = None):
+    """A dataset version made by the real import path (upload, import job, pipeline)."""
+    import csv
+    import io
+
+    from labeling import services
+
+    buf = io.StringIO()
+    rows = rows or [["text", "label"], ["很好", "正面"], ["很差", "负面"], ["一般", "正面"]]
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    data = buf.getvalue().encode()
+    upload = services.upload_create(
+        actor=owner, team=dataset.team, filename="d.csv", size=len(data)
+    )
+    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
+    upload.refresh_from_db()
+    job = services.import_start(
+        actor=owner,
+        dataset=dataset,
+        upload=upload,
+        fmt="csv",
+        encoding="utf-8",
+        options={"mapping": {"text": "text", "label": "label"}},
+    )
+    job = services.import_run(job.pk)
+    assert job.version is not None, job.error
+    return job.version
+
+
 @pytest.fixture
 def owner(make_user):
     return make_user("olivia")
@@ -43,13 +72,28 @@ def team(make_team, owner):
     return make_team("Alpha", {owner: Role.OWNER})
 
 
+def test_database_url() -> str:
+    """The URL of the test database, for processes the suite starts."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
 @pytest.fixture(scope="session")
-def celery_worker_process() -> Iterator[subprocess.Popen]:
-    """A real Celery worker on the suite's Redis, consuming the `default` queue."""
+def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
+    """A real Celery worker on the suite's Redis and test database, queue `default`."""
     from console.health import check_workers
 
     name = f"test-{os.getpid()}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": test_database_url(),
+    }
     proc = subprocess.Popen(
         [
             sys.executable,

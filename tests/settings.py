@@ -1,11 +1,14 @@
 """The platform's own settings, with what a test run needs on top."""
 
 import os
+import tempfile
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-0123456789")
+# Files of a test run (storage, uploads) go to a directory of its own, never var/.
+os.environ.setdefault("PLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="platform-test-"))
 
 from console.settings import *  # noqa: F403
-from console.settings import STORAGES
+from console.settings import DATA_DIR, DATABASES, STORAGES
 
 # Fast hashing: tests create many users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -15,3 +18,7 @@ STORAGES = {
     **STORAGES,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+
+# A file, not memory, for SQLite's test database: the suite's Celery worker opens it too.
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}

@@ -12,6 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from console import services
 from console.models import Membership
 from console.roles import Role
+from tests.conftest import make_version
 
 # Routes anyone may call without logging in.
 PUBLIC = {"console:login", "console:logout", "set_language"}
@@ -22,6 +23,7 @@ WRITE_METHODS = ("post", "put", "patch", "delete")
 class Route:
     name: str
     kwargs: tuple[str, ...]
+    path: str
 
     @property
     def team_scoped(self) -> bool:
@@ -29,17 +31,20 @@ class Route:
 
     @property
     def is_api(self) -> bool:
-        return self.name.startswith("api:")
+        return self.path.startswith("api/")
 
 
-def iter_routes(patterns=None, namespace: str = "", kwargs: tuple = ()) -> Iterator[Route]:
+def iter_routes(
+    patterns=None, namespace: str = "", kwargs: tuple = (), prefix: str = ""
+) -> Iterator[Route]:
     for entry in patterns if patterns is not None else get_resolver().url_patterns:
         names = kwargs + tuple(entry.pattern.converters)
+        path = prefix + str(entry.pattern)
         if isinstance(entry, URLResolver):
             ns = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
-            yield from iter_routes(entry.url_patterns, ns, names)
+            yield from iter_routes(entry.url_patterns, ns, names, path)
         elif isinstance(entry, URLPattern) and entry.name:
-            yield Route(f"{namespace}{entry.name}", names)
+            yield Route(f"{namespace}{entry.name}", names, path)
 
 
 ROUTES = sorted(set(iter_routes()), key=lambda r: r.name)
@@ -57,10 +62,25 @@ class World:
 
 def object_factories(team, owner) -> dict:
     """How to make, in `team`, the object that each URL argument names."""
+    from labeling import services as labeling_services
+
+    def version():
+        dataset = labeling_services.dataset_create(
+            actor=owner, team=team, name="ds", task_kind="text_classification"
+        )
+        return make_version(dataset, owner)
+
+    v = version()
+    upload = labeling_services.upload_create(actor=owner, team=team, filename="x.csv", size=10)
     return {
         "team": lambda: team.slug,
         "membership_id": lambda: Membership.objects.filter(team=team).first().pk,
         "token_id": lambda: services.api_token_create(actor=owner, name="t")[0].pk,
+        "dataset_id": lambda: v.dataset_id,
+        "number": lambda: v.number,
+        "job_id": lambda: v.lineage["import_job"],
+        "upload_id": lambda: upload.pk,
+        "kind": lambda: "original",
     }
 
 

@@ -13,3 +13,12 @@ def csv_bytes():
         return buf.getvalue().encode(encoding)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def english():
+    """Messages are asserted in English; the console's default language is Chinese."""
+    from django.utils import translation
+
+    with translation.override("en"):
+        yield

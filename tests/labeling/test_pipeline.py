@@ -95,7 +95,7 @@ def test_validation_errors_name_row_column_and_reason(csv_bytes, tmp_path):
     data = csv_bytes(
         [["text", "label"], ["好", "正面"], ["  ", "正面"], ["差", "中性"], ["行", "负面"]]
     )
-    data += "坏\xff,负面\n".encode("utf-8").replace("\xff".encode(), b"\xff")
+    data += "坏".encode() + b"\xff," + "负面\n".encode()
     result = run(data, "text_classification", tmp_path, labels=frozenset({"正面", "负面"}))
     assert result.rows == 2
     report = {(e["row"], e["column"], e["reason"]) for e in report_of(result)}

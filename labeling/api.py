@@ -1,0 +1,304 @@
+"""REST API of datasets, under /api/v1/teams/<team>/. Thin: services write, selectors read."""
+
+import re
+from dataclasses import asdict
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.files.storage import default_storage
+from django.http import FileResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.permissions import TeamPermission
+from console.roles import Perm
+from labeling import selectors, services
+from labeling.serializers import (
+    DatasetCreateSerializer,
+    DatasetSerializer,
+    ImportJobSerializer,
+    ImportRequestSerializer,
+    MergeRequestSerializer,
+    UploadSerializer,
+    VersionSerializer,
+)
+
+
+def _service_call(fn, **kwargs):
+    try:
+        return fn(**kwargs)
+    except DjangoValidationError as exc:
+        raise ValidationError({"detail": exc.messages}) from exc
+
+
+class DatasetAPIView(APIView):
+    permission_classes = [TeamPermission]
+    write_permission = Perm.DATASET_WRITE
+
+    def dataset(self):
+        return selectors.dataset_get(self.request.team, self.kwargs["dataset_id"])
+
+    def version(self):
+        return selectors.version_get(self.dataset(), self.kwargs["number"])
+
+
+class DatasetListCreate(DatasetAPIView):
+    @extend_schema(responses=DatasetSerializer(many=True))
+    def get(self, request: Request, team: str) -> Response:
+        datasets = selectors.team_datasets(request.team).prefetch_related("versions")
+        return Response(DatasetSerializer(datasets, many=True).data)
+
+    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
+    def post(self, request: Request, team: str) -> Response:
+        serializer = DatasetCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        dataset = _service_call(
+            services.dataset_create,
+            actor=request.user,
+            team=request.team,
+            **serializer.validated_data,
+        )
+        return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+
+class DatasetDetail(DatasetAPIView):
+    @extend_schema(responses=DatasetSerializer)
+    def get(self, request: Request, team: str, dataset_id: int) -> Response:
+        return Response(DatasetSerializer(self.dataset()).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, team: str, dataset_id: int) -> Response:
+        _service_call(services.dataset_delete, actor=request.user, dataset=self.dataset())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class UploadCreate(DatasetAPIView):
+    @extend_schema(request=UploadSerializer, responses={201: UploadSerializer})
+    def post(self, request: Request, team: str) -> Response:
+        """Start a chunked upload: declare the file's name and size, then PUT its bytes."""
+        serializer = UploadSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        upload = _service_call(
+            services.upload_create,
+            actor=request.user,
+            team=request.team,
+            filename=serializer.validated_data["filename"],
+            size=serializer.validated_data["size"],
+        )
+        return Response(UploadSerializer(upload).data, status=status.HTTP_201_CREATED)
+
+
+CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+class UploadDetail(DatasetAPIView):
+    @extend_schema(responses=UploadSerializer)
+    def get(self, request: Request, team: str, upload_id) -> Response:
+        """Where an upload stands: a client resumes from ``received``."""
+        return Response(UploadSerializer(selectors.upload_get(request.team, upload_id)).data)
+
+    @extend_schema(
+        request={"application/octet-stream": bytes},
+        responses={200: UploadSerializer, 409: UploadSerializer},
+        parameters=[
+            OpenApiParameter(
+                "Content-Range", str, OpenApiParameter.HEADER, description="bytes START-END/TOTAL"
+            )
+        ],
+    )
+    def put(self, request: Request, team: str, upload_id) -> Response:
+        """Send bytes START to END (inclusive). A chunk that does not start at ``received``
+        is refused with 409 and the offset to resume from."""
+        upload = selectors.upload_get(request.team, upload_id)
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        header = request.headers.get("Content-Range", "")
+        if header:
+            match = CONTENT_RANGE.fullmatch(header.strip())
+            if not match:
+                raise ValidationError({"detail": "Content-Range must be bytes START-END/TOTAL."})
+            start, end, total = (int(g) for g in match.groups())
+            if total != upload.size or end - start + 1 != length:
+                raise ValidationError({"detail": "Content-Range does not match the upload."})
+        else:
+            start = 0
+        try:
+            upload = _service_call(
+                services.upload_write_chunk,
+                upload=upload,
+                offset=start,
+                stream=request.stream,
+                length=length,
+            )
+        except services.UploadOffsetMismatch:
+            upload.refresh_from_db()
+            return Response(UploadSerializer(upload).data, status=status.HTTP_409_CONFLICT)
+        return Response(UploadSerializer(upload).data)
+
+
+class UploadPreview(DatasetAPIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("dataset", int, required=True),
+            OpenApiParameter("format", str),
+            OpenApiParameter("encoding", str),
+        ]
+    )
+    def get(self, request: Request, team: str, upload_id) -> Response:
+        """Detected format and encoding, the columns, the first rows and a proposed mapping."""
+        upload = selectors.upload_get(request.team, upload_id)
+        if upload.status != upload.Status.COMPLETE:
+            raise ValidationError({"detail": "The upload is not complete."})
+        dataset = selectors.dataset_get(request.team, request.query_params.get("dataset") or 0)
+        preview = selectors.upload_preview(
+            upload,
+            dataset.task_kind,
+            request.query_params.get("format"),
+            request.query_params.get("encoding"),
+        )
+        return Response(asdict(preview))
+
+
+class ImportCreate(DatasetAPIView):
+    @extend_schema(request=ImportRequestSerializer, responses={202: ImportJobSerializer})
+    def post(self, request: Request, team: str, dataset_id: int) -> Response:
+        """Import a complete upload into a new version (queued; poll the import)."""
+        dataset = self.dataset()
+        serializer = ImportRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        upload = selectors.upload_get(request.team, data["upload"])
+        if "format" not in data or "mapping" not in data or "encoding" not in data:
+            preview = selectors.upload_preview(
+                upload, dataset.task_kind, data.get("format"), data.get("encoding")
+            )
+            data.setdefault("format", preview.format)
+            data.setdefault("encoding", preview.encoding)
+            data.setdefault("mapping", preview.mapping)
+        options = {
+            k: data[k]
+            for k in (
+                "mapping",
+                "fullwidth_to_halfwidth",
+                "drop_duplicates",
+                "strict",
+                "ratios",
+                "seed",
+            )
+        }
+        job = _service_call(
+            services.import_start,
+            actor=request.user,
+            dataset=dataset,
+            upload=upload,
+            fmt=data["format"],
+            encoding=data.get("encoding"),
+            options=options,
+        )
+        return Response(ImportJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ImportDetail(DatasetAPIView):
+    @extend_schema(responses=ImportJobSerializer)
+    def get(self, request: Request, team: str, job_id: int) -> Response:
+        return Response(ImportJobSerializer(selectors.import_job_get(request.team, job_id)).data)
+
+
+class Merge(DatasetAPIView):
+    @extend_schema(request=MergeRequestSerializer, responses={202: ImportJobSerializer})
+    def post(self, request: Request, team: str, dataset_id: int) -> Response:
+        dataset = self.dataset()
+        serializer = MergeRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        versions = list(dataset.versions.filter(number__in=data.pop("versions")))
+        job = _service_call(
+            services.version_merge,
+            actor=request.user,
+            dataset=dataset,
+            versions=versions,
+            options=data,
+        )
+        return Response(ImportJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
+class Compare(DatasetAPIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("a", int, required=True),
+            OpenApiParameter("b", int, required=True),
+        ]
+    )
+    def get(self, request: Request, team: str, dataset_id: int) -> Response:
+        dataset = self.dataset()
+        try:
+            a, b = int(request.query_params["a"]), int(request.query_params["b"])
+        except (KeyError, ValueError) as exc:
+            raise ValidationError({"detail": "a and b are version numbers."}) from exc
+        diff = selectors.version_compare(
+            selectors.version_get(dataset, a), selectors.version_get(dataset, b)
+        )
+        return Response(asdict(diff))
+
+
+class VersionList(DatasetAPIView):
+    @extend_schema(responses=VersionSerializer(many=True))
+    def get(self, request: Request, team: str, dataset_id: int) -> Response:
+        versions = self.dataset().versions.select_related("parent", "created_by")
+        return Response(VersionSerializer(versions, many=True).data)
+
+
+class VersionDetail(DatasetAPIView):
+    @extend_schema(responses=VersionSerializer)
+    def get(self, request: Request, team: str, dataset_id: int, number: int) -> Response:
+        return Response(VersionSerializer(self.version()).data)
+
+
+def _page(request: Request) -> int:
+    try:
+        return max(int(request.query_params.get("page", 1)), 1)
+    except ValueError as exc:
+        raise ValidationError({"page": "a positive integer"}) from exc
+
+
+class VersionRows(DatasetAPIView):
+    @extend_schema(parameters=[OpenApiParameter(p, str) for p in ("q", "label", "split", "page")])
+    def get(self, request: Request, team: str, dataset_id: int, number: int) -> Response:
+        page = selectors.version_rows(
+            self.version(),
+            page=_page(request),
+            **{k: request.query_params.get(k, "") for k in ("q", "label", "split")},
+        )
+        return Response(
+            {
+                "page": page.page,
+                "has_next": page.has_next,
+                "rows": [{"row": n, **row} for n, row in page.rows],
+            }
+        )
+
+
+class VersionReport(DatasetAPIView):
+    @extend_schema(parameters=[OpenApiParameter("reason", str), OpenApiParameter("page", int)])
+    def get(self, request: Request, team: str, dataset_id: int, number: int) -> Response:
+        page = selectors.report_entries(
+            self.version().report_file,
+            page=_page(request),
+            reason=request.query_params.get("reason", ""),
+        )
+        return Response(
+            {
+                "page": page.page,
+                "has_next": page.has_next,
+                "entries": [entry for _n, entry in page.rows],
+            }
+        )
+
+
+class VersionDownload(DatasetAPIView):
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    def get(self, request: Request, team: str, dataset_id: int, number: int, kind: str):
+        name, filename = selectors.version_file(self.version(), kind)
+        return FileResponse(default_storage.open(name, "rb"), as_attachment=True, filename=filename)

@@ -1,0 +1,128 @@
+from rest_framework import serializers
+
+from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling.readers import ENCODINGS, FORMATS
+from labeling.task_kinds import TaskKind
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Dataset
+        fields = [
+            "id",
+            "name",
+            "task_kind",
+            "description",
+            "labels",
+            "created_by",
+            "created_at",
+            "latest_version",
+        ]
+        read_only_fields = ["id", "created_by", "created_at", "latest_version"]
+
+    def get_latest_version(self, dataset: Dataset) -> int | None:
+        latest = max((v.number for v in dataset.versions.all()), default=None)
+        return latest
+
+
+class DatasetCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    task_kind = serializers.ChoiceField(choices=TaskKind.choices)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    labels = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+
+
+class VersionSerializer(serializers.ModelSerializer):
+    parent = serializers.IntegerField(source="parent.number", read_only=True, default=None)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = DatasetVersion
+        fields = [
+            "number",
+            "parent",
+            "source",
+            "lineage",
+            "created_by",
+            "created_at",
+            "content_hash",
+            "format",
+            "encoding",
+            "original_name",
+            "options",
+            "row_count",
+            "rejected_count",
+            "duplicate_count",
+            "split_counts",
+            "stats",
+            "errors_by_reason",
+        ]
+
+
+class UploadSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Upload
+        fields = ["id", "filename", "size", "received", "status", "sha256", "created_at"]
+        read_only_fields = ["id", "received", "status", "sha256", "created_at"]
+
+
+class ImportRequestSerializer(serializers.Serializer):
+    upload = serializers.UUIDField()
+    format = serializers.ChoiceField(choices=FORMATS, required=False)
+    encoding = serializers.ChoiceField(choices=ENCODINGS, required=False)
+    mapping = serializers.DictField(child=serializers.CharField(), required=False)
+    fullwidth_to_halfwidth = serializers.BooleanField(default=False)
+    drop_duplicates = serializers.BooleanField(default=True)
+    strict = serializers.BooleanField(default=False)
+    ratios = serializers.ListField(
+        child=serializers.FloatField(min_value=0),
+        min_length=3,
+        max_length=3,
+        default=[0.8, 0.1, 0.1],
+    )
+    seed = serializers.IntegerField(default=42)
+
+
+class MergeRequestSerializer(serializers.Serializer):
+    versions = serializers.ListField(child=serializers.IntegerField(), min_length=2)
+    ratios = serializers.ListField(
+        child=serializers.FloatField(min_value=0),
+        min_length=3,
+        max_length=3,
+        default=[0.8, 0.1, 0.1],
+    )
+    seed = serializers.IntegerField(default=42)
+    drop_duplicates = serializers.BooleanField(default=True)
+
+
+class ImportJobSerializer(serializers.ModelSerializer):
+    dataset = serializers.IntegerField(source="dataset_id", read_only=True)
+    version = serializers.IntegerField(source="version.number", read_only=True, default=None)
+    identical_to = serializers.IntegerField(
+        source="identical_to.number", read_only=True, default=None
+    )
+    progress = serializers.IntegerField(source="progress_percent", read_only=True)
+
+    class Meta:
+        model = ImportJob
+        fields = [
+            "id",
+            "dataset",
+            "source",
+            "status",
+            "progress",
+            "rows_read",
+            "bytes_read",
+            "bytes_total",
+            "format",
+            "encoding",
+            "options",
+            "error",
+            "version",
+            "identical_to",
+            "created_at",
+            "finished_at",
+        ]

@@ -1,0 +1,15 @@
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def field(row: dict, name: str) -> str:
+    """A row's field for display: lists joined, entities as text[start:end]/label."""
+    value = row.get(name)
+    if name == "entities" and isinstance(value, list):
+        text = row.get("text", "")
+        return "  ".join(f"{text[e['start'] : e['end']]}/{e['label']}" for e in value)
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return "" if value is None else str(value)
