@@ -26,7 +26,7 @@ from labeling.task_kinds import RowError, Schema
 
 SPLITS = ("train", "dev", "test")
 PAGE_INDEX_STEP = 1000
-LENGTH_BINS = (0, 16, 32, 64, 128, 256, 512, 1024)
+LENGTH_BINS = (0, 10, 20, 50, 100, 200, 500, 1000)
 PROGRESS_EVERY = 20_000
 MAX_RAW_IN_REPORT = 500
 

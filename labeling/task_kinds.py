@@ -59,14 +59,29 @@ class Schema:
         return [f.name for f in self.fields]
 
     def propose_mapping(self, columns: list[str]) -> dict[str, str]:
-        """Field → column, from the header's names (case-insensitive, Chinese aliases too)."""
-        lowered = {c.strip().lower(): c for c in columns}
-        mapping = {}
-        for f in self.fields:
-            for candidate in (f.name, *f.aliases):
-                if candidate.lower() in lowered:
-                    mapping[f.name] = lowered[candidate.lower()]
-                    break
+        """Field → column, from the header's names: an exact name or alias first (any case),
+        then a column whose name contains one ("评论内容" holds "评论")."""
+        mapping: dict[str, str] = {}
+        taken: set[str] = set()
+        for exact in (True, False):
+            for f in self.fields:
+                if f.name in mapping:
+                    continue
+                for candidate in (f.name, *f.aliases):
+                    c = candidate.lower()
+                    found = next(
+                        (
+                            col
+                            for col in columns
+                            if col not in taken
+                            and (col.strip().lower() == c if exact else c in col.lower())
+                        ),
+                        None,
+                    )
+                    if found is not None:
+                        mapping[f.name] = found
+                        taken.add(found)
+                        break
         return mapping
 
     def build_row(self, record: dict, norm: Normalizer, labels: frozenset[str] | None) -> dict:
@@ -226,7 +241,21 @@ SCHEMAS: dict[str, Schema] = {
         TaskKind.TEXT_CLASSIFICATION,
         (
             Field("text", True, ("文本", "内容", "content", "sentence", "review", "评论", "句子")),
-            Field("label", False, ("标签", "类别", "分类", "category", "class", "labels")),
+            Field(
+                "label",
+                False,
+                (
+                    "标签",
+                    "类别",
+                    "分类",
+                    "情感",
+                    "极性",
+                    "category",
+                    "class",
+                    "sentiment",
+                    "labels",
+                ),
+            ),
         ),
         label_field="label",
         _build=_build_classification,

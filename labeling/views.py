@@ -40,7 +40,10 @@ def length_bars(stats: dict) -> dict[str, int]:
     edges = stats.get("length_bins", list(LENGTH_BINS))
     hist = stats.get("length_hist", [])
     labels = [f"{lo}–{hi - 1}" for lo, hi in itertools.pairwise(edges)] + [f"≥{edges[-1]}"]
-    return dict(zip(labels, hist, strict=False))
+    counts = dict(zip(labels, hist, strict=False))
+    while len(counts) > 1 and not counts[next(reversed(counts))]:
+        counts.popitem()  # no empty bins above the longest text
+    return counts
 
 
 @team_view(write=Perm.DATASET_WRITE)

@@ -226,3 +226,12 @@ def test_strict_mode_and_nothing_valid_fail_the_import(csv_bytes, tmp_path):
 def test_missing_mapping_is_a_clear_error(csv_bytes, tmp_path):
     with pytest.raises(ImportFailed, match="required field"):
         run(csv_bytes([["a", "b"], ["x", "y"]]), "text_classification", tmp_path, mapping={})
+
+
+def test_mapping_is_proposed_from_chinese_and_english_headers():
+    schema = schema_for("text_classification")
+    assert schema.propose_mapping(["评论内容", "情感"]) == {"text": "评论内容", "label": "情感"}
+    assert schema.propose_mapping(["ID", "Text", "Label"]) == {"text": "Text", "label": "Label"}
+    assert schema.propose_mapping(["a", "b"]) == {}
+    pair = schema_for("text_pair").propose_mapping(["query", "title", "label"])
+    assert pair == {"text_a": "query", "text_b": "title", "label": "label"}

@@ -1,0 +1,82 @@
+"""An ML engineer uploads a GBK CSV, maps its columns, waits for the import on the real Celery
+worker, reads the report and the charts, and browses the rows."""
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from console.models import Membership
+from console.roles import Role
+from labeling.models import DatasetVersion
+from tests.e2e.test_console import login, shot
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+ROWS = (
+    [("评论内容", "情感")]
+    + [
+        ("房间干净整洁，服务周到", "好评"),
+        ("早餐很差，隔音也不好", "差评"),
+        ("位置方便，交通便利", "好评"),
+        ("", "差评"),  # empty text: rejected, row 5
+        ("前台态度冷淡", "差评"),
+        ("房间干净整洁，服务周到", "好评"),  # duplicate of row 2
+        ("价格实惠，性价比高", ""),  # unlabeled: kept for labeling
+    ]
+    + [(f"第{i}条评论：整体体验不错", "好评" if i % 2 else "差评") for i in range(40)]
+)
+
+
+def test_upload_gbk_csv_map_import_and_browse(
+    page: Page, make_user, make_team, tmp_path, celery_worker_process
+):
+    engineer = make_user("li", password="Li-Pass-2026")
+    team = make_team("NLP", {engineer: Role.MAINTAINER})
+    assert Membership.objects.filter(team=team).count() == 1
+    path = tmp_path / "酒店评论.csv"
+    path.write_bytes("\r\n".join(",".join(r) for r in ROWS).encode("gbk"))
+
+    login(page, "li", "Li-Pass-2026")
+    page.get_by_role("navigation").get_by_role("link", name="数据集").click()
+    form = page.get_by_test_id("new-dataset")
+    form.get_by_label("名称").fill("酒店评论")
+    form.get_by_label("任务类型").select_option("text_classification")
+    form.get_by_role("button", name="创建数据集").click()
+    expect(page.get_by_role("heading", name="酒店评论")).to_be_visible()
+
+    page.get_by_label("文件").set_input_files(str(path))
+    page.get_by_role("button", name="上传", exact=True).click()
+    # The mapping page: GBK detected, the header mapped.
+    expect(page.get_by_test_id("detected-encoding")).to_contain_text("GBK")
+    expect(page.get_by_test_id("preview")).to_contain_text("房间干净整洁")
+    expect(page.locator("#id_map_text")).to_have_value("评论内容")
+    expect(page.locator("#id_map_label")).to_have_value("情感")
+    shot(page, "mapping")
+    page.get_by_role("button", name="导入").click()
+
+    # The import runs on the worker; the page follows its progress.
+    expect(page.get_by_test_id("import-status")).to_have_text("成功", timeout=60_000)
+    expect(page.get_by_test_id("report")).to_have_count(0)
+    page.get_by_test_id("version-link").click()
+    expect(page.get_by_test_id("row-count")).to_have_text("45")
+    expect(page.get_by_test_id("label-chart")).to_contain_text("好评")
+    expect(page.get_by_test_id("length-chart")).to_be_visible()
+    expect(page.get_by_test_id("splits")).to_contain_text("train")
+    shot(page, "version")
+
+    page.get_by_role("link", name="报告").click()
+    report = page.get_by_test_id("report")
+    expect(report.locator('tr[data-reason="empty_text"] td').first).to_have_text("5")
+    expect(report.locator('tr[data-reason="duplicate"] td').first).to_have_text("7")
+
+    page.get_by_role("link", name="行", exact=True).click()
+    rows = page.get_by_test_id("rows")
+    expect(rows.locator("tbody tr")).to_have_count(45)
+    page.get_by_label("标签").select_option("差评")
+    page.get_by_role("button", name="筛选").click()
+    expect(rows).to_contain_text("早餐很差")
+    expect(rows).not_to_contain_text("位置方便")
+    page.get_by_label("搜索").fill("前台")
+    page.get_by_role("button", name="筛选").click()
+    expect(rows.locator("tbody tr")).to_have_count(1)
+    shot(page, "rows")
+    assert DatasetVersion.objects.get().encoding == "gbk"
