@@ -84,9 +84,11 @@ class TeamListCreate(generics.ListCreateAPIView):
         return {**super().get_serializer_context(), "roles": roles}
 
     def perform_create(self, serializer: TeamSerializer) -> None:
-        serializer.instance = _service_call(
+        team = _service_call(
             services.team_create, actor=self.request.user, name=serializer.validated_data["name"]
         )
+        serializer.context["roles"][team.pk] = "owner"
+        serializer.instance = team
 
 
 class TeamDetail(APIView):

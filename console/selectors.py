@@ -47,6 +47,18 @@ def user_api_token_get(user: AbstractBaseUser, token_id: int) -> ApiToken:
     return token
 
 
+# Events without a team that a team's owner may see of its members: their own sessions and
+# tokens. Account administration (user.create, password.reset…) stays with site administrators.
+PERSONAL_ACTIONS = (
+    "login",
+    "login.failed",
+    "logout",
+    "token.create",
+    "token.revoke",
+    "password.change",
+)
+
+
 def team_audit_events(
     team: Team,
     *,
@@ -55,16 +67,15 @@ def team_audit_events(
     since: date | None = None,
     until: date | None = None,
 ) -> QuerySet[AuditEvent]:
-    """The team's events, and the personal ones (login, tokens) of its current members."""
+    """The team's events, and the personal events (logins, tokens) of its members."""
     members = Membership.objects.filter(team=team)
     events = AuditEvent.objects.filter(
         Q(team=team)
-        | Q(team__isnull=True, actor_id__in=members.values("user_id"))
-        # Failed logins name no account, only the username that was typed.
-        | Q(
-            team__isnull=True,
-            actor__isnull=True,
-            actor_username__in=members.values("user__username"),
+        | Q(team__isnull=True, action__in=PERSONAL_ACTIONS)
+        & (
+            Q(actor_id__in=members.values("user_id"))
+            # Failed logins name no account, only the username that was typed.
+            | Q(actor__isnull=True, actor_username__in=members.values("user__username"))
         )
     )
     if action:

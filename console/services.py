@@ -86,6 +86,12 @@ def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: 
     return membership
 
 
+def _lock_team(membership: Membership) -> Membership:
+    """Lock the team, so that two owners demoting each other at once cannot both succeed."""
+    Team.objects.select_for_update().get(pk=membership.team_id)
+    return Membership.objects.select_related("team", "user").get(pk=membership.pk)
+
+
 def _ensure_an_owner_remains(membership: Membership) -> None:
     others = Membership.objects.filter(team=membership.team, role=Role.OWNER).exclude(
         pk=membership.pk
@@ -100,10 +106,12 @@ def membership_change_role(
 ) -> Membership:
     if role not in Role.values:
         raise ValidationError(_("Unknown role “%(role)s”.") % {"role": role})
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    membership = _lock_team(membership)
+    old = membership.role
+    if role == old:
+        return membership
     if role != Role.OWNER:
         _ensure_an_owner_remains(membership)
-    old = membership.role
     membership.role = role
     membership.save(update_fields=["role"])
     audit_record(
@@ -118,7 +126,7 @@ def membership_change_role(
 
 @transaction.atomic
 def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> None:
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    membership = _lock_team(membership)
     _ensure_an_owner_remains(membership)
     audit_record(
         action="membership.remove",
@@ -167,4 +175,30 @@ def user_create(
     user.set_password(password)
     user.save()
     audit_record(action="user.create", actor=actor, target=user, data={"is_staff": is_staff})
+    return user
+
+
+@transaction.atomic
+def user_set_password(
+    *, actor: AbstractBaseUser, user: AbstractBaseUser, password: str
+) -> AbstractBaseUser:
+    """Set an account's password: its owner changing it, or a site administrator resetting it."""
+    validate_password(password, user)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    action = "password.change" if actor.pk == user.pk else "password.reset"
+    audit_record(action=action, actor=actor, target=user)
+    return user
+
+
+@transaction.atomic
+def user_set_active(
+    *, actor: AbstractBaseUser, user: AbstractBaseUser, active: bool
+) -> AbstractBaseUser:
+    """Deactivate an account (it can no longer log in, nor use its tokens) or activate it."""
+    if user.pk == actor.pk and not active:
+        raise ValidationError(_("You cannot deactivate your own account."))
+    user.is_active = active
+    user.save(update_fields=["is_active"])
+    audit_record(action="user.activate" if active else "user.deactivate", actor=actor, target=user)
     return user

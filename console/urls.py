@@ -33,7 +33,10 @@ console_pages = [
     path("teams/new/", views.team_create, name="team_create"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
+    path("password/", views.password_change, name="password_change"),
     path("users/", views.users, name="users"),
+    path("users/<int:user_id>/password/", views.user_password, name="user_password"),
+    path("users/<int:user_id>/active/", views.user_active, name="user_active"),
     path("t/<slug:team>/", include(team_pages)),
 ]
 

@@ -1,14 +1,17 @@
 """Console pages of the platform core: dashboard, teams, members, API tokens, audit, users."""
 
+from functools import wraps
+
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user_model, update_session_auth_hash
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import PasswordChangeForm, SetPasswordForm
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from console import health, selectors, services
@@ -142,6 +145,7 @@ def audit(request: HttpRequest) -> HttpResponse:
     )
 
 
+@never_cache  # the page that shows a new key must not stay in the browser's cache
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
@@ -176,7 +180,33 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     return redirect("console:tokens")
 
 
-@staff_member_required(login_url="console:login")
+@login_required
+def password_change(request: HttpRequest) -> HttpResponse:
+    form = PasswordChangeForm(request.user, request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        services.user_set_password(
+            actor=request.user, user=request.user, password=form.cleaned_data["new_password1"]
+        )
+        update_session_auth_hash(request, request.user)
+        messages.success(request, _("Your password was changed."))
+        return redirect("console:home")
+    return render(request, "console/password.html", {"form": form})
+
+
+def staff_required(view):
+    """Site administrators only; to anybody else the page does not exist."""
+
+    @login_required
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_staff:
+            raise Http404
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+@staff_required
 def users(request: HttpRequest) -> HttpResponse:
     form = UserForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -192,3 +222,29 @@ def users(request: HttpRequest) -> HttpResponse:
         "console/users.html",
         {"form": form, "users": get_user_model().objects.order_by("username")},
     )
+
+
+@staff_required
+@require_POST
+def user_password(request: HttpRequest, user_id: int) -> HttpResponse:
+    user = get_object_or_404(get_user_model(), pk=user_id)
+    form = SetPasswordForm(user, request.POST)
+    if form.is_valid():
+        services.user_set_password(
+            actor=request.user, user=user, password=form.cleaned_data["new_password1"]
+        )
+        messages.success(request, _("Password of “%(username)s” reset.") % {"username": user})
+    else:
+        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+    return redirect("console:users")
+
+
+@staff_required
+@require_POST
+def user_active(request: HttpRequest, user_id: int) -> HttpResponse:
+    user = get_object_or_404(get_user_model(), pk=user_id)
+    try:
+        services.user_set_active(actor=request.user, user=user, active=not user.is_active)
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+    return redirect("console:users")

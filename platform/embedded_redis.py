@@ -9,6 +9,7 @@ The binary is ``redis-server`` from the PATH, else the one inside the ``redislit
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -76,9 +77,14 @@ def serve(port: int, data_dir: Path) -> None:
     os.execv(args[0], args)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `finally`, which stops redis-server
+
+
 def run(command: list[str]) -> int:
     if os.environ.get("REDIS_URL"):
         return subprocess.call(command)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with tempfile.TemporaryDirectory(prefix="platform-redis-") as tmp:
         port = free_port()
         proc = subprocess.Popen(

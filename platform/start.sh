@@ -3,6 +3,8 @@
 # which runs platform/Procfile and stops every process on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The data directory holds the database, sessions and the secret key: this user's alone.
+umask 077
 export PATH="$PWD/.venv/bin:$PATH"
 export PLATFORM_DATA_DIR="${PLATFORM_DATA_DIR:-$PWD/var}"
 mkdir -p "$PLATFORM_DATA_DIR"

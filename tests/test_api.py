@@ -30,6 +30,7 @@ def test_team_and_members_through_the_api(owner, make_user):
     api = api_for(owner)
     created = api.post("/api/v1/teams/", {"name": "NLP"}, format="json")
     assert created.status_code == 201 and created.json()["slug"] == "nlp"
+    assert created.json()["role"] == "owner"
     added = api.post(
         "/api/v1/teams/nlp/members/", {"username": "sun", "role": "viewer"}, format="json"
     )

@@ -75,3 +75,16 @@ def test_only_owners_see_the_audit_log(client, owner, team, make_user):
     assert client.get(reverse("console:audit", kwargs={"team": team.slug})).status_code == 403
     page = client.get(reverse("console:dashboard", kwargs={"team": team.slug})).content.decode()
     assert reverse("console:audit", kwargs={"team": team.slug}) not in page
+
+
+def test_account_administration_of_other_teams_does_not_leak(client, owner, team, make_user):
+    """A site administrator who is only a viewer here: their account work elsewhere stays out."""
+    admin = make_user("root", is_staff=True)
+    Membership.objects.create(team=team, user=admin, role=Role.VIEWER)
+    services.user_create(actor=admin, username="secret-person", password="Long-enough-pw-42")
+    services.api_token_create(actor=admin, name="admin-token")
+    client.force_login(owner)
+    events = client.get(reverse("console:audit", kwargs={"team": team.slug})).context["page"]
+    shown = {(e.action, e.actor_username) for e in events}
+    assert ("token.create", "root") in shown
+    assert not any(action == "user.create" for action, _ in shown)

@@ -81,6 +81,7 @@ def object_factories(team, owner) -> dict:
         "job_id": lambda: v.lineage["import_job"],
         "upload_id": lambda: upload.pk,
         "kind": lambda: "original",
+        "user_id": lambda: owner.pk,
     }
 
 
@@ -167,3 +168,18 @@ def test_viewers_cannot_write(client, make_user, world, route):
         )
         assert response.status_code in (403, 405), (method, url, response.status_code)
     assert list(Membership.objects.order_by("pk").values_list("pk", "role")) == before
+
+
+@pytest.mark.parametrize("route", [r for r in ROUTES if r.name not in PUBLIC], ids=str)
+def test_console_writes_need_the_csrf_token(world, route):
+    """With a session (a browser), no write passes without the CSRF token; tokens in headers
+    (the API's Bearer keys) are not exposed to cross-site requests and need none."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    me = Membership.objects.get(team=world.mine, role=Role.OWNER).user
+    client.force_login(me)
+    url = url_for(route, world, world.mine)
+    for method in WRITE_METHODS:
+        response = getattr(client, method)(url)
+        assert response.status_code in (403, 405), (method, url, response.status_code)

@@ -125,7 +125,7 @@ def test_site_admin_creates_accounts_others_cannot(client, make_user):
     admin = make_user("root", is_staff=True)
     client.force_login(make_user("plain"))
     refused = client.post(reverse("console:users"), {"username": "x", "password": "p"})
-    assert refused.status_code == 302
+    assert refused.status_code == 404
     client.force_login(admin)
     response = client.post(
         reverse("console:users"), {"username": "newbie", "password": "Long-enough-pw-42"}
@@ -136,3 +136,40 @@ def test_site_admin_creates_accounts_others_cannot(client, make_user):
         reverse("console:users"), {"username": "weak", "password": "123"}, HTTP_ACCEPT_LANGUAGE="en"
     )
     assert "too short" in weak.content.decode()
+
+
+def test_password_change_reset_and_deactivation(client, make_user):
+    admin = make_user("root", is_staff=True)
+    user = make_user("wu", password="Old-Pass-2026")
+    client.force_login(user)
+    response = client.post(
+        reverse("console:password_change"),
+        {
+            "old_password": "Old-Pass-2026",
+            "new_password1": "New-Pass-2026!",
+            "new_password2": "New-Pass-2026!",
+        },
+    )
+    assert response.status_code == 302
+    user.refresh_from_db()
+    assert user.check_password("New-Pass-2026!")
+    client.force_login(admin)
+    client.post(
+        reverse("console:user_password", args=[user.pk]),
+        {"new_password1": "Reset-Pass-2026", "new_password2": "Reset-Pass-2026"},
+    )
+    user.refresh_from_db()
+    assert user.check_password("Reset-Pass-2026")
+    client.post(reverse("console:user_active", args=[user.pk]))
+    user.refresh_from_db()
+    assert not user.is_active
+    # An administrator cannot lock themself out.
+    client.post(reverse("console:user_active", args=[admin.pk]))
+    admin.refresh_from_db()
+    assert admin.is_active
+    actions = AuditEvent.objects.exclude(action="login").order_by("id")
+    assert list(actions.values_list("action", flat=True)) == [
+        "password.change",
+        "password.reset",
+        "user.deactivate",
+    ]

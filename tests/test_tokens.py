@@ -22,6 +22,14 @@ def test_token_is_stored_hashed_and_shown_once(client, owner):
     # Shown once: the next view of the page lists its prefix only.
     page = client.get(reverse("console:tokens")).content.decode()
     assert key not in page and token.prefix in page
+    assert "no-store" in response["Cache-Control"]
+    # Nowhere in the database now: not in the session, the tokens or the audit log.
+    from django.contrib.sessions.models import Session
+
+    stored = [str(s.get_decoded()) for s in Session.objects.all()]
+    stored += [str(e.data) + e.target_repr for e in AuditEvent.objects.all()]
+    stored += [t.key_hash + t.prefix + t.name for t in ApiToken.objects.all()]
+    assert stored and not any(key in value for value in stored)
 
 
 def test_token_authenticates_the_api_until_revoked(owner, team):

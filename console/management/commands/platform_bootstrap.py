@@ -13,9 +13,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from console.models import Membership, Team
-from console.roles import Role
-from console.services import audit_record
+from console.models import Membership
+from console.services import audit_record, team_create
 
 
 class Command(BaseCommand):
@@ -29,16 +28,19 @@ class Command(BaseCommand):
         password_file = settings.DATA_DIR / "initial_admin_password"
         username = os.environ.get("PLATFORM_ADMIN_USERNAME", "admin")
         password = os.environ.get("PLATFORM_ADMIN_PASSWORD", "")
-        if not User.objects.filter(is_superuser=True).exists():
+        first_admin = User.objects.filter(is_superuser=True).order_by("pk").first()
+        if first_admin is None:
             if not password:
                 password = secrets.token_urlsafe(12)
                 settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
                 password_file.touch(mode=0o600)
                 password_file.write_text(password + "\n")
             with transaction.atomic():
-                admin = User.objects.create_superuser(username=username, password=password)
-                team = Team.objects.create(name="默认团队", slug="default")
-                Membership.objects.create(team=team, user=admin, role=Role.OWNER)
+                admin, _created = User.objects.get_or_create(username=username)
+                # An existing account of that name becomes the administrator.
+                admin.is_staff = admin.is_superuser = admin.is_active = True
+                admin.set_password(password)
+                admin.save()
                 audit_record(
                     action="user.create",
                     actor=None,
@@ -46,8 +48,11 @@ class Command(BaseCommand):
                     actor_username="platform_bootstrap",
                     data={"is_staff": True},
                 )
-                audit_record(action="team.create", actor=admin, team=team, target=team)
-        elif not password and password_file.exists():
-            password = password_file.read_text().strip()
+                if not Membership.objects.filter(user=admin).exists():
+                    team_create(actor=admin, name="默认团队")
+        else:
+            username = first_admin.get_username()
+            if not password and password_file.exists():
+                password = password_file.read_text().strip()
         shown = password or "(the password you set; PLATFORM_ADMIN_PASSWORD)"
         self.stdout.write(f"\n  控制台 Console : {url}\n  登录 Login     : {username} / {shown}\n")
