@@ -259,18 +259,18 @@ def run_import(
 
     splits = assign_splits(strata, len(strata_ids), options.ratios, options.seed)
     del strata
-    split_counts = Counter()
     page_index = []
-    suffixes = [f', "split": "{name}"}}\n' for name in SPLITS]
-    with open(rows_tmp, encoding="utf-8") as src, open(data_path, "w", encoding="utf-8") as out:
+    # Bytes in, bytes out: the split is appended to each line without decoding it again.
+    suffixes = [f', "split": "{name}"}}\n'.encode() for name in SPLITS]
+    with open(rows_tmp, "rb") as src, open(data_path, "wb") as out:
         offset = 0
         for i, line in enumerate(src):
             if i % PAGE_INDEX_STEP == 0:
                 page_index.append(offset)
             final = line[:-2] + suffixes[splits[i]]
             out.write(final)
-            offset += len(final.encode())
-            split_counts[SPLITS[splits[i]]] += 1
+            offset += len(final)
+    split_counts = {name: splits.count(k) for k, name in enumerate(SPLITS)}
     os.unlink(rows_tmp)
 
     stats = {
@@ -290,7 +290,7 @@ def run_import(
         duplicates=duplicates,
         columns=columns,
         stats=stats,
-        split_counts={name: split_counts.get(name, 0) for name in SPLITS},
+        split_counts=split_counts,
         page_index=page_index,
         errors_by_reason=dict(reasons),
     )
