@@ -115,15 +115,17 @@ _encode_any = json.JSONEncoder(ensure_ascii=False).encode
 def _to_json(row: dict) -> str:
     """A row as one JSON line. Strings and nulls, most of every row, skip the general encoder,
     which costs several times more per call (keys are the schema's own ASCII names)."""
-    parts = []
-    for key, value in row.items():
-        if type(value) is str:
-            parts.append(f'"{key}": {_encode_str(value)}')
-        elif value is None:
-            parts.append(f'"{key}": null')
-        else:
-            parts.append(f'"{key}": {_encode_any(value)}')
-    return "{" + ", ".join(parts) + "}"
+    return (
+        "{"
+        + ", ".join(
+            [
+                f'"{k}": '
+                + (_encode_str(v) if type(v) is str else "null" if v is None else _encode_any(v))
+                for k, v in row.items()
+            ]
+        )
+        + "}"
+    )
 
 
 def _report_line(row: int, error: RowError, action: str, raw) -> str:
@@ -178,7 +180,7 @@ def run_import(
     length_hist = [0] * len(LENGTH_BINS)
     reasons: Counter = Counter()
     rejected = duplicates = kept = read = unlabeled = 0
-    items = list(mapping.items())
+    fields, columns_of = list(mapping), list(mapping.values())
     is_ner = schema.kind == "ner"
     # Hot loop: look the per-row callables up once.
     build_row, dedup_key, row_labels = schema.build_row, schema.dedup_key, schema.row_labels
@@ -188,7 +190,7 @@ def run_import(
     allowed = options.labels
 
     with (
-        open(rows_tmp, "w", encoding="utf-8") as out,
+        open(rows_tmp, "wb") as out,
         open(report_path, "w", encoding="utf-8") as report,
     ):
         write = out.write
@@ -202,7 +204,9 @@ def run_import(
                 report.write(_report_line(row_number, record, "rejected", None))
                 continue
             try:
-                row = build_row({f: record.get(c) for f, c in items}, norm, allowed)
+                row = build_row(
+                    dict(zip(fields, map(record.get, columns_of), strict=True)), norm, allowed
+                )
             except RowError as error:
                 rejected += 1
                 reasons[error.reason] += 1
@@ -223,9 +227,9 @@ def run_import(
                 if options.drop_duplicates:
                     continue
             seen_add(key)
-            line = _to_json(row) + "\n"
+            line = (_to_json(row) + "\n").encode()
             write(line)
-            digest_update(line.encode())
+            digest_update(line)
             kept += 1
             labels = row_labels(row)
             for label in labels:

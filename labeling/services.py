@@ -29,6 +29,21 @@ def _team_prefix(team: Team) -> str:
     return f"teams/{team.pk}"
 
 
+class _LocalFile(File):
+    """A local file that storage may move into place instead of copying (FileSystemStorage
+    renames a file that has a temporary_file_path; S3 storage streams it)."""
+
+    def temporary_file_path(self) -> str:
+        return self.file.name
+
+
+def _store(path: Path, name: str) -> str:
+    with open(path, "rb") as f:
+        stored = default_storage.save(name, _LocalFile(f))
+    path.unlink(missing_ok=True)
+    return stored
+
+
 def staging_path(upload: Upload) -> Path:
     # The name is the upload's UUID: nothing the user sent becomes part of a path.
     return Path(settings.UPLOAD_STAGING_DIR) / f"{upload.pk}.part"
@@ -82,12 +97,18 @@ def dataset_create(
 @transaction.atomic
 def dataset_delete(*, actor: AbstractBaseUser, dataset: Dataset) -> None:
     """Delete a dataset and its files, unless something (a labeling project, a job) uses it."""
-    names = [
+    names = {
         name
         for version in dataset.versions.all()
         for name in (version.data_file, version.report_file, version.original_file)
         if name
-    ]
+    }
+    # An upload imported into another dataset too keeps its file for that one.
+    names -= set(
+        DatasetVersion.objects.exclude(dataset=dataset)
+        .filter(original_file__in=names)
+        .values_list("original_file", flat=True)
+    )
     name, team = dataset.name, dataset.team
     audit_record(action="dataset.delete", actor=actor, team=team, target=dataset)
     try:
@@ -170,9 +191,7 @@ def _upload_complete(upload: Upload) -> Upload:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1024 * 1024), b""):
             digest.update(block)
-    with open(path, "rb") as f:
-        name = default_storage.save(f"{_team_prefix(upload.team)}/uploads/{upload.pk}", File(f))
-    path.unlink()
+    name = _store(path, f"{_team_prefix(upload.team)}/uploads/{upload.pk}")
     Upload.objects.filter(pk=upload.pk).update(
         status=Upload.Status.COMPLETE, storage_name=name, sha256=digest.hexdigest()
     )
@@ -363,9 +382,7 @@ def import_run(job_id: int) -> ImportJob:
 def _save_report(job: ImportJob, report: Path) -> str:
     if not report.is_file():
         return ""
-    prefix = f"{_team_prefix(job.team)}/imports/{job.pk}"
-    with open(report, "rb") as f:
-        return default_storage.save(f"{prefix}/report.jsonl", File(f))
+    return _store(report, f"{_team_prefix(job.team)}/imports/{job.pk}/report.jsonl")
 
 
 def _import_failed(job: ImportJob, message: str, report: Path) -> ImportJob:
@@ -419,17 +436,12 @@ def _version_create(job: ImportJob, result: pipeline.ImportResult, report_file: 
     dataset = job.dataset
     number = (dataset.versions.aggregate(n=Max("number"))["n"] or 0) + 1
     prefix = f"{_team_prefix(dataset.team)}/datasets/{dataset.pk}/v{number}"
-    with open(result.data_path, "rb") as f:
-        data_file = default_storage.save(f"{prefix}/data.jsonl", File(f))
-    version_report = ""
-    if report_file:
-        with default_storage.open(report_file, "rb") as f:
-            version_report = default_storage.save(f"{prefix}/report.jsonl", File(f))
+    data_file = _store(result.data_path, f"{prefix}/data.jsonl")
+    # The report and the original stay where the import and the upload put them (immutable
+    # files): a version names them rather than copying them.
     original_file, lineage = "", {}
     if job.source == DatasetVersion.Source.UPLOAD:
-        ext = job.format
-        with default_storage.open(job.upload.storage_name, "rb") as f:
-            original_file = default_storage.save(f"{prefix}/original.{ext}", File(f))
+        original_file = job.upload.storage_name
         lineage = {"upload": str(job.upload.pk), "sha256": job.upload.sha256}
         parent = dataset.versions.order_by("-number").first()
     else:
@@ -456,7 +468,7 @@ def _version_create(job: ImportJob, result: pipeline.ImportResult, report_file: 
         errors_by_reason=result.errors_by_reason,
         page_index=result.page_index,
         data_file=data_file,
-        report_file=version_report,
+        report_file=report_file,
         original_file=original_file,
     )
     audit_record(

@@ -134,10 +134,14 @@ def _label(value, name: str, norm: Normalizer, labels: frozenset[str] | None) ->
 
 
 def _build_classification(record, norm, labels):
-    return {
-        "text": _text(record, "text", norm),
-        "label": _label(record.get("label"), "label", norm, labels),
-    }
+    # The most common kind: the checks of _text and _label inlined on the usual path.
+    text, label = record.get("text"), record.get("label")
+    text = norm.text(text) if type(text) is str else _text(record, "text", norm)
+    if not text:
+        raise RowError("empty_text", "text", _("The text is empty."))
+    if label is not None and label != "":
+        label = _label(label, "label", norm, labels)
+    return {"text": text, "label": label or None}
 
 
 def _build_multi_label(record, norm, labels):

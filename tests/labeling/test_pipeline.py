@@ -235,3 +235,14 @@ def test_mapping_is_proposed_from_chinese_and_english_headers():
     assert schema.propose_mapping(["a", "b"]) == {}
     pair = schema_for("text_pair").propose_mapping(["query", "title", "label"])
     assert pair == {"text_a": "query", "text_b": "title", "label": "label"}
+
+
+def test_multi_label_unknown_labels_are_reported_with_their_row(csv_bytes, tmp_path):
+    data = csv_bytes(
+        [["text", "labels"], ["降息", "财经|政策"], ["发布会", "科技|娱乐"], ["空", ""]]
+    )
+    result = run(data, "multi_label", tmp_path, labels=frozenset({"财经", "政策", "科技"}))
+    assert [r["labels"] for r in rows_of(result)] == [["财经", "政策"], []]
+    (entry,) = report_of(result)
+    assert (entry["row"], entry["column"], entry["reason"]) == (3, "labels", "unknown_label")
+    assert "娱乐" in entry["message"]
