@@ -11,7 +11,7 @@ from django.http import Http404
 from console.models import Team
 from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
 from labeling.pipeline import PAGE_INDEX_STEP
-from labeling.readers import detect, open_records
+from labeling.readers import FileError, detect, open_records
 from labeling.task_kinds import schema_for
 
 
@@ -63,8 +63,6 @@ def upload_preview(
     upload: Upload, kind: str, fmt: str | None = None, encoding: str | None = None
 ) -> Preview:
     """What the platform makes of an upload: format, encoding, columns, first rows, mapping."""
-    from labeling.readers import FileError
-
     with default_storage.open(upload.storage_name, "rb") as f:
         detected = detect(upload.filename, f)
         fmt = fmt or detected.format

@@ -156,13 +156,13 @@ def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: i
 
 
 def upload_write_chunk(*, upload: Upload, offset: int, stream: BinaryIO, length: int) -> Upload:
-    """Append ``length`` bytes at ``offset``; a chunk that overlaps what arrived is re-written,
-    one that would leave a gap is refused with the offset to resume from."""
+    """Append ``length`` bytes at ``offset``, which must be where the upload stands (as in the
+    tus protocol); any other offset is refused with the offset to resume from."""
     with transaction.atomic():
         upload = Upload.objects.select_for_update().get(pk=upload.pk)
         if upload.status == Upload.Status.COMPLETE:
             raise UploadOffsetMismatch(upload.received)
-        if offset > upload.received or offset < 0:
+        if offset != upload.received:
             raise UploadOffsetMismatch(upload.received)
         if offset + length > upload.size:
             raise ValidationError(_("The chunk goes past the declared size of the file."))

@@ -73,9 +73,11 @@ def test_chunked_upload_resumes_after_an_interrupted_chunk(api, team):
     services.upload_write_chunk(upload=upload, offset=10, stream=io.BytesIO(data[10:15]), length=20)
     state = api.get(f"/api/v1/teams/{team.slug}/uploads/{upload_id}/").json()
     assert state["received"] == 15 and state["status"] == "receiving"
-    # A chunk that would leave a gap is refused with where to resume.
+    # A chunk that would leave a gap, or repeat what arrived, is refused with where to resume.
     gap = put_chunk(api, team, upload_id, data[20:30], 20, len(data))
     assert gap.status_code == 409 and gap.json()["received"] == 15
+    again = put_chunk(api, team, upload_id, data[:10], 0, len(data))
+    assert again.status_code == 409 and again.json()["received"] == 15
     # Resuming from the server's offset completes the file, byte for byte.
     done = put_chunk(api, team, upload_id, data[15:], 15, len(data))
     assert done.json()["status"] == "complete"
