@@ -80,3 +80,47 @@ def test_upload_gbk_csv_map_import_and_browse(
     expect(rows.locator("tbody tr")).to_have_count(1)
     shot(page, "rows")
     assert DatasetVersion.objects.get().encoding == "gbk"
+
+
+def test_browser_upload_resumes_after_a_dropped_chunk(
+    page: Page, make_user, make_team, tmp_path, settings
+):
+    """The console's uploader: a chunk lost on the way is resumed from the server's offset."""
+    from labeling import services
+    from labeling.models import Upload
+
+    settings.UPLOAD_CHUNK_BYTES = 256
+    engineer = make_user("zhang", password="Zhang-Pass-2026")
+    team = make_team("Risk", {engineer: Role.MAINTAINER})
+    dataset = services.dataset_create(
+        actor=engineer, team=team, name="评论", task_kind="text_classification"
+    )
+    data = "\n".join(",".join(r) for r in ROWS).encode("gbk")
+    path = tmp_path / "reviews.csv"
+    path.write_bytes(data)
+
+    seen = {"put": 0, "get": 0}
+
+    def flaky(route):
+        method = route.request.method
+        if method == "PUT":
+            seen["put"] += 1
+            if seen["put"] == 2:  # the connection drops during the second chunk
+                return route.abort("connectionreset")
+        elif method == "GET":
+            seen["get"] += 1
+        return route.continue_()
+
+    page.route("**/api/v1/teams/*/uploads/*/", flaky)
+    login(page, "zhang", "Zhang-Pass-2026")
+    page.goto(f"/t/{team.slug}/datasets/{dataset.pk}/")
+    page.get_by_label("文件").set_input_files(str(path))
+    page.get_by_role("button", name="上传", exact=True).click()
+    expect(page.get_by_test_id("detected-encoding")).to_contain_text("GBK", timeout=30_000)
+    upload = Upload.objects.get()
+    assert upload.status == "complete" and upload.size == len(data)
+    assert seen["get"] >= 1 and seen["put"] > len(data) // 256
+    from django.core.files.storage import default_storage
+
+    with default_storage.open(upload.storage_name, "rb") as f:
+        assert f.read() == data
