@@ -6,7 +6,14 @@ PY := $(VENV)/bin/python
 CATALOGS := $(wildcard locale/*/LC_MESSAGES/django.po)
 COMPILED := $(CATALOGS:.po=.mo)
 
-.PHONY: install install-test run test lint messages bench
+LS_VENV := .venv-labelstudio
+# Label Studio runs from its own venv (it pins its own Django); none is installed when
+# LABEL_STUDIO_URL points at an existing server.
+ifeq ($(LABEL_STUDIO_URL),)
+LABEL_STUDIO := labelstudio
+endif
+
+.PHONY: install install-test labelstudio run test lint messages bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +35,19 @@ install: $(VENV)/.installed $(COMPILED)
 
 install-test: install $(VENV)/.installed-test
 
-run: install
+$(LS_VENV)/.installed:
+	$(PYTHON) -m venv $(LS_VENV)
+	$(LS_VENV)/bin/pip install --quiet --upgrade pip
+	$(LS_VENV)/bin/pip install --quiet label-studio==1.23.2
+	touch $@
+
+labelstudio: $(LS_VENV)/.installed
+
+run: install $(LABEL_STUDIO)
 	bash platform/start.sh
 
-test: install-test
-	$(PY) platform/embedded_redis.py run -- $(PY) -m pytest
+test: install-test $(LABEL_STUDIO)
+	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest
 
 lint: install-test
 	$(VENV)/bin/ruff check .

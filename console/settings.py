@@ -189,6 +189,16 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
+# -- Label Studio --------------------------------------------------------------------------
+
+# The Label Studio server and the platform's token for it: given, or the one `make run` starts
+# (its token is written to the token file once Label Studio is up).
+LABEL_STUDIO_URL = os.environ.get("LABEL_STUDIO_URL", "").rstrip("/")
+LABEL_STUDIO_TOKEN = os.environ.get("LABEL_STUDIO_TOKEN", "")
+LABEL_STUDIO_TOKEN_FILE = Path(
+    os.environ.get("LABEL_STUDIO_TOKEN_FILE") or DATA_DIR / "label-studio" / "platform-token"
+)
+
 # -- REST API --------------------------------------------------------------------------------
 
 REST_FRAMEWORK = {

@@ -11,6 +11,7 @@ import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from xml.sax.saxutils import escape as _xml_escape
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -87,6 +88,10 @@ class Schema:
     def build_row(self, record: dict, norm: Normalizer, labels: frozenset[str] | None) -> dict:
         """A normalised, valid row from a mapped record ({field: raw value}), or RowError."""
         return self._build(record, norm, labels)
+
+    def label_config(self, labels: list[str]) -> str:
+        """The Label Studio labeling config of this kind, in Chinese, for ``labels``."""
+        return _LABEL_CONFIGS[self.kind](labels)
 
     def row_labels(self, row: dict) -> list[str]:
         """The labels a row carries, for statistics and stratification."""
@@ -239,6 +244,77 @@ def _build_ner(record, norm, labels):
         moved.append({"start": new_start, "end": new_end, "label": label})
     return {"text": text, "entities": moved}
 
+
+# -- Label Studio configs -------------------------------------------------------------------
+
+
+def escape(value: str) -> str:
+    return _xml_escape(value, {'"': "&quot;"})
+
+
+HOTKEYS = "1234567890qwertyuiopasdfghjklzxcvbnm"
+COLOURS = ("#1456f0", "#d83931", "#2ea121", "#de7802", "#7f3bf5", "#0fa3a3", "#c2185b", "#5d4037")
+
+
+def _choices(labels: list[str], name: str, to: str, choice: str) -> str:
+    options = "".join(
+        f'<Choice value="{escape(label)}"'
+        + (f' hotkey="{HOTKEYS[i]}"' if i < len(HOTKEYS) else "")
+        + "/>"
+        for i, label in enumerate(labels)
+    )
+    return (
+        f'<Choices name="{name}" toName="{to}" choice="{choice}" showInLine="true" '
+        f'required="false">{options}</Choices>'
+    )
+
+
+def _config_classification(labels: list[str]) -> str:
+    return (
+        '<View><Header value="请阅读文本并选择一个类别"/><Text name="text" value="$text"/>'
+        + _choices(labels, "label", "text", "single")
+        + "</View>"
+    )
+
+
+def _config_multi_label(labels: list[str]) -> str:
+    return (
+        '<View><Header value="请阅读文本并选择所有适用的类别"/><Text name="text" value="$text"/>'
+        + _choices(labels, "labels", "text", "multiple")
+        + "</View>"
+    )
+
+
+def _config_pair(labels: list[str]) -> str:
+    return (
+        '<View><Header value="请判断两段文本的关系"/><Text name="text_a" value="$text_a"/>'
+        '<Text name="text_b" value="$text_b"/>'
+        + _choices(labels, "label", "text_a", "single")
+        + "</View>"
+    )
+
+
+def _config_ner(labels: list[str]) -> str:
+    spans = "".join(
+        f'<Label value="{escape(label)}" background="{COLOURS[i % len(COLOURS)]}"'
+        + (f' hotkey="{HOTKEYS[i]}"' if i < len(HOTKEYS) else "")
+        + "/>"
+        for i, label in enumerate(labels)
+    )
+    # Character granularity: Chinese has no spaces for word boundaries.
+    return (
+        '<View><Header value="请选中文本中的实体并标注类型"/>'
+        f'<Labels name="entities" toName="text">{spans}</Labels>'
+        '<Text name="text" value="$text" granularity="symbol"/></View>'
+    )
+
+
+_LABEL_CONFIGS = {
+    TaskKind.TEXT_CLASSIFICATION: _config_classification,
+    TaskKind.MULTI_LABEL: _config_multi_label,
+    TaskKind.NER: _config_ner,
+    TaskKind.TEXT_PAIR: _config_pair,
+}
 
 SCHEMAS: dict[str, Schema] = {
     TaskKind.TEXT_CLASSIFICATION: Schema(

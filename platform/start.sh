@@ -26,10 +26,18 @@ if [ -z "${REDIS_URL:-}" ]; then
   processes=(redis "${processes[@]}")
 fi
 
+if [ -z "${LABEL_STUDIO_URL:-}" ]; then
+  export LABEL_STUDIO_PORT="${LABEL_STUDIO_PORT:-8090}"
+  export LABEL_STUDIO_URL="http://127.0.0.1:$LABEL_STUDIO_PORT"
+  export LABEL_STUDIO_TOKEN_FILE="${LABEL_STUDIO_TOKEN_FILE:-$PLATFORM_DATA_DIR/label-studio/platform-token}"
+  processes+=(labelstudio)
+fi
+
 python manage.py migrate --noinput
 python manage.py collectstatic --noinput --verbosity 0
 python manage.py platform_bootstrap --url "http://${PLATFORM_WEB_HOST:-127.0.0.1}:${PLATFORM_WEB_PORT:-8000}/"
 echo "  Redis          : $REDIS_URL"
+echo "  Label Studio   : $LABEL_STUDIO_URL"
 echo "  数据 Data      : $PLATFORM_DATA_DIR"
 echo "  Ctrl-C stops every process."
 echo

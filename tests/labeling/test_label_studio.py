@@ -1,0 +1,61 @@
+"""The real Label Studio server that `make test` starts (platform/label_studio.py run)."""
+
+import os
+import uuid
+from xml.etree import ElementTree
+
+import pytest
+from django.test import override_settings
+
+from labeling import label_studio
+from labeling.task_kinds import SCHEMAS, TaskKind, schema_for
+
+needs_label_studio = pytest.mark.skipif(
+    not os.environ.get("LABEL_STUDIO_URL") and not os.environ.get("CI"),
+    reason="Label Studio tests skipped: LABEL_STUDIO_URL is not set (run them with `make test`)",
+)
+
+
+@needs_label_studio
+def test_label_studio_is_alive_and_takes_the_token():
+    check = label_studio.check_health()
+    assert check.ok, check.detail
+    assert "Label Studio" in check.detail
+
+
+@needs_label_studio
+@pytest.mark.parametrize("kind", list(TaskKind))
+def test_each_task_kind_makes_a_label_studio_project(kind):
+    ls = label_studio.client()
+    config = schema_for(kind).label_config(["正面", "负面", "中性"])
+    project = ls.projects.create(title=f"test-{kind}-{uuid.uuid4().hex[:8]}", label_config=config)
+    try:
+        stored = ls.projects.get(id=project.id)
+        assert "正面" in stored.label_config and "负面" in stored.label_config
+    finally:
+        ls.projects.delete(id=project.id)
+
+
+def test_label_configs_escape_labels_and_give_hotkeys():
+    for schema in SCHEMAS.values():
+        root = ElementTree.fromstring(schema.label_config(["A&B", 'say "hi"', "<x>"]))
+        values = [e.get("value") for e in root.iter() if e.tag in ("Choice", "Label")]
+        assert values == ["A&B", 'say "hi"', "<x>"]
+        assert [e.get("hotkey") for e in root.iter() if e.tag in ("Choice", "Label")] == [
+            "1",
+            "2",
+            "3",
+        ]
+    ner = ElementTree.fromstring(schema_for("ner").label_config(["PER"]))
+    assert ner.find("Text").get("granularity") == "symbol"
+
+
+@override_settings(LABEL_STUDIO_URL="http://127.0.0.1:1", LABEL_STUDIO_TOKEN="x")
+def test_label_studio_down_is_reported():
+    check = label_studio.check_health()
+    assert not check.ok and "127.0.0.1:1" in check.detail
+
+
+@override_settings(LABEL_STUDIO_URL="")
+def test_label_studio_not_configured_is_reported():
+    assert not label_studio.check_health().ok
