@@ -4,8 +4,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import redis
+from django.apps import apps
 from django.conf import settings
 from django.db import connection
+from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
 from console.celery import BEAT_INTERVAL_S, app
@@ -67,18 +69,30 @@ def check_beat() -> Check:
     return Check("beat", ok, _("last heartbeat %(age)d s ago") % {"age": age})
 
 
+def app_checks() -> list[Check]:
+    """The checks apps declare as ``health_checks`` (dotted paths) on their AppConfig, so the
+    console reports on services it does not import (Label Studio, serving hosts)."""
+    return [
+        import_string(path)()
+        for config in apps.get_app_configs()
+        for path in getattr(config, "health_checks", [])
+    ]
+
+
 def platform_health() -> list[Check]:
     redis_check = check_redis()
     if not redis_check.ok:
         # Workers and beat are only reachable through the broker; don't wait on its timeouts.
         down = _("the broker (Redis) is unreachable")
-        return [
+        core = [
             check_database(),
             redis_check,
             Check("worker", False, down),
             Check("beat", False, down),
         ]
-    return [check_database(), redis_check, check_workers(), check_beat()]
+    else:
+        core = [check_database(), redis_check, check_workers(), check_beat()]
+    return core + app_checks()
 
 
 def record_beat() -> None:

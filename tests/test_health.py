@@ -71,3 +71,7 @@ def test_dashboard_health_panel_and_api(client, owner, team):
         assert f'data-check="{name}" data-ok="true"' in panel
     checks = {c["name"]: c["ok"] for c in client.get("/api/v1/health/").json()}
     assert checks["database"] and checks["redis"] and checks["worker"]
+    # Apps add theirs: Label Studio's (alive under `make test`, which starts it).
+    assert "labelstudio" in checks
+    if os.environ.get("LABEL_STUDIO_URL"):
+        assert checks["labelstudio"] and 'data-check="labelstudio" data-ok="true"' in panel
