@@ -159,3 +159,67 @@ class ImportJob(models.Model):
         if not self.bytes_total:
             return 0
         return min(99, int(100 * self.bytes_read / self.bytes_total))
+
+
+class LabelingProject(models.Model):
+    """A Label Studio project made from a dataset version; its export is a new version."""
+
+    class Status(models.TextChoices):
+        CREATING = "creating", _("creating")
+        READY = "ready", _("ready")
+        FAILED = "failed", _("failed")
+
+    class Selection(models.TextChoices):
+        ALL = "all", _("all rows")
+        UNLABELED = "unlabeled", _("unlabeled rows only")
+        SAMPLE = "sample", _("a random sample")
+        SPLIT = "split", _("one split")
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="labeling_projects")
+    # PROTECT: a dataset whose version is being labeled cannot be deleted.
+    source_version = models.ForeignKey(
+        DatasetVersion, on_delete=models.PROTECT, related_name="labeling_projects"
+    )
+    name = models.CharField(_("name"), max_length=100)
+    labels = models.JSONField(_("labels"), default=list)
+    instructions = models.TextField(_("instructions"), blank=True)
+    overlap = models.PositiveSmallIntegerField(_("annotators per task"), default=1)
+    selection = models.CharField(
+        _("rows"), max_length=16, choices=Selection.choices, default=Selection.ALL
+    )
+    sample_size = models.PositiveIntegerField(null=True, blank=True)
+    split = models.CharField(max_length=8, blank=True)
+    seed = models.IntegerField(default=42)
+    ls_project_id = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
+    tasks_total = models.PositiveIntegerField(default=0)
+    tasks_pushed = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("labeling project")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LabelingTask(models.Model):
+    """One row of the source version as a Label Studio task."""
+
+    project = models.ForeignKey(LabelingProject, on_delete=models.CASCADE, related_name="tasks")
+    row = models.PositiveIntegerField()  # 1-based row number in the source version
+    ls_task_id = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "row"], name="one_task_per_row"),
+            models.UniqueConstraint(fields=["project", "ls_task_id"], name="one_row_per_task"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project} row {self.row}"

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import random
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,7 +21,14 @@ from django.utils.translation import gettext as _
 from console.models import Team
 from console.services import audit_record
 from labeling import pipeline
-from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling.models import (
+    Dataset,
+    DatasetVersion,
+    ImportJob,
+    LabelingProject,
+    LabelingTask,
+    Upload,
+)
 from labeling.readers import ENCODINGS, FORMATS, FileError
 from labeling.task_kinds import TaskKind, schema_for
 
@@ -479,3 +487,159 @@ def _version_create(job: ImportJob, result: pipeline.ImportResult, report_file: 
         data={"rows": result.rows, "rejected": result.rejected, "source": job.source},
     )
     return version
+
+
+# -- Labeling projects -----------------------------------------------------------------------
+
+PUSH_BATCH = 1000
+
+
+@transaction.atomic
+def labeling_project_create(
+    *,
+    actor: AbstractBaseUser,
+    version: DatasetVersion,
+    name: str,
+    labels: Iterable[str] = (),
+    instructions: str = "",
+    overlap: int = 1,
+    selection: str = "all",
+    sample_size: int | None = None,
+    split: str = "",
+    seed: int = 42,
+) -> LabelingProject:
+    """A labeling project over a version's rows; Label Studio's side is made by the push task."""
+    dataset = version.dataset
+    name = name.strip()
+    if not name:
+        raise ValidationError(_("A labeling project needs a name."))
+    labels = _clean_labels(labels) or list(dataset.labels) or list(version.stats.get("labels", {}))
+    if not labels:
+        raise ValidationError(_("Give the labels the annotators choose from."))
+    if selection not in LabelingProject.Selection.values:
+        raise ValidationError(_("Unknown row selection “%(s)s”.") % {"s": selection})
+    if selection == LabelingProject.Selection.SAMPLE and not (sample_size and sample_size > 0):
+        raise ValidationError(_("A sample needs its size."))
+    if selection == LabelingProject.Selection.SPLIT and split not in pipeline.SPLITS:
+        raise ValidationError(_("Choose the split: train, dev or test."))
+    if not 1 <= overlap <= 10:
+        raise ValidationError(_("Between 1 and 10 annotators per task."))
+    project = LabelingProject.objects.create(
+        team=dataset.team,
+        source_version=version,
+        name=name,
+        labels=labels,
+        instructions=instructions.strip(),
+        overlap=overlap,
+        selection=selection,
+        sample_size=sample_size,
+        split=split,
+        seed=seed,
+        created_by=actor,
+    )
+    audit_record(
+        action="labeling_project.create",
+        actor=actor,
+        team=dataset.team,
+        target=project,
+        data={"version": version.number, "dataset": dataset.name, "selection": selection},
+    )
+    from labeling.tasks import push_labeling_project
+
+    transaction.on_commit(lambda: push_labeling_project.delay(project.pk))
+    return project
+
+
+def _selected_rows(project: LabelingProject):
+    """(row number, row) of the source version that the project labels, in order."""
+    version = project.source_version
+    schema = schema_for(version.dataset.task_kind)
+    chosen = None
+    if project.selection == LabelingProject.Selection.SAMPLE:
+        size = min(project.sample_size, version.row_count)
+        rng = random.Random(project.seed)  # noqa: S311 - a reproducible sample, not a secret
+        chosen = set(rng.sample(range(1, version.row_count + 1), size))
+    with default_storage.open(version.data_file, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if chosen is not None and number not in chosen:
+                continue
+            row = json.loads(line)
+            if (
+                project.selection == LabelingProject.Selection.SPLIT
+                and row["split"] != project.split
+            ):
+                continue
+            if project.selection == LabelingProject.Selection.UNLABELED and schema.row_labels(row):
+                continue
+            yield number, row
+
+
+def labeling_project_push(project_id: int) -> LabelingProject:
+    """Make the Label Studio project and push the selected rows as tasks, in batches; rows
+    that are already there are skipped, so a push that failed half-way resumes."""
+    from labeling.label_studio import client
+
+    project = LabelingProject.objects.select_related("source_version__dataset", "team").get(
+        pk=project_id
+    )
+    version = project.source_version
+    schema = schema_for(version.dataset.task_kind)
+    ls = client()
+    if project.ls_project_id is None:
+        created = ls.projects.create(
+            # Label Studio's community edition shows every project to every LS user: the
+            # title names the team, and the platform is the gate.
+            title=f"{project.team.slug} · {project.name} #{project.pk}"[:50],
+            description=f"{version.dataset.name} v{version.number}",
+            label_config=schema.label_config(project.labels),
+            expert_instruction=project.instructions,
+            show_instruction=bool(project.instructions),
+            maximum_annotations=project.overlap,
+        )
+        LabelingProject.objects.filter(pk=project.pk).update(ls_project_id=created.id)
+        project.ls_project_id = created.id
+    done = set(project.tasks.values_list("row", flat=True))
+    model_version = f"{version.dataset.name} v{version.number}"
+    batch: list[tuple[int, dict]] = []
+    total = 0
+
+    def flush() -> None:
+        tasks = []
+        for number, row in batch:
+            task = {"data": {**schema.ls_data(row), "platform_row": number}}
+            result = schema.ls_result(row)
+            if result:  # existing labels are for review, not ground truth
+                task["predictions"] = [{"model_version": model_version, "result": result}]
+            tasks.append(task)
+        response = ls.projects.import_tasks(
+            id=project.ls_project_id, request=tasks, return_task_ids=True
+        )
+        LabelingTask.objects.bulk_create(
+            LabelingTask(project=project, row=number, ls_task_id=task_id)
+            for (number, _row), task_id in zip(batch, response.task_ids, strict=True)
+        )
+        LabelingProject.objects.filter(pk=project.pk).update(tasks_pushed=project.tasks.count())
+        batch.clear()
+
+    for number, row in _selected_rows(project):
+        total += 1
+        if number in done:
+            continue
+        batch.append((number, row))
+        if len(batch) >= PUSH_BATCH:
+            flush()
+    if batch:
+        flush()
+    LabelingProject.objects.filter(pk=project.pk).update(
+        status=LabelingProject.Status.READY, tasks_total=total, tasks_pushed=total, error=""
+    )
+    project.refresh_from_db()
+    return project
+
+
+def labeling_project_problem(project_id: int, error: str, *, final: bool) -> None:
+    """Say on the project what went wrong; ``final`` when no retry follows."""
+    changes = {"error": error}
+    if final:
+        changes["status"] = LabelingProject.Status.FAILED
+    LabelingProject.objects.filter(pk=project_id).update(**changes)

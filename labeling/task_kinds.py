@@ -93,6 +93,40 @@ class Schema:
         """The Label Studio labeling config of this kind, in Chinese, for ``labels``."""
         return _LABEL_CONFIGS[self.kind](labels)
 
+    def ls_data(self, row: dict) -> dict:
+        """A row's fields as a Label Studio task's data."""
+        return {f: row[f] for f in self.text_fields}
+
+    def ls_result(self, row: dict) -> list[dict]:
+        """A row's existing labels as a Label Studio result (for predictions); [] if none."""
+        if self.kind == TaskKind.NER:
+            return [
+                {
+                    "from_name": "entities",
+                    "to_name": "text",
+                    "type": "labels",
+                    "value": {
+                        "start": e["start"],
+                        "end": e["end"],
+                        "text": row["text"][e["start"] : e["end"]],
+                        "labels": [e["label"]],
+                    },
+                }
+                for e in row.get("entities") or []
+            ]
+        labels = self.row_labels(row)
+        if not labels:
+            return []
+        from_name = "labels" if self.kind == TaskKind.MULTI_LABEL else "label"
+        return [
+            {
+                "from_name": from_name,
+                "to_name": self.text_fields[0],
+                "type": "choices",
+                "value": {"choices": labels},
+            }
+        ]
+
     def row_labels(self, row: dict) -> list[str]:
         """The labels a row carries, for statistics and stratification."""
         if self.label_field == "label":

@@ -1,6 +1,9 @@
+import httpx
 from celery import shared_task
+from label_studio_sdk.core.api_error import ApiError
 
 from labeling import services
+from labeling.label_studio import NotConfigured
 
 
 @shared_task
@@ -10,3 +13,24 @@ def run_import_job(job_id: int) -> None:
     Acknowledged late: a worker killed mid-import leaves the task queued, and the next worker
     runs the import again from the start (it writes nothing visible until it is done)."""
     services.import_run(job_id)
+
+
+@shared_task(
+    bind=True,
+    autoretry_for=(httpx.HTTPError, ApiError),
+    retry_backoff=5,
+    retry_backoff_max=300,
+    max_retries=12,
+)
+def push_labeling_project(self, project_id: int) -> None:
+    """Make a labeling project's Label Studio project and push its tasks. While Label Studio is
+    down it retries with backoff (about an hour in all), and says so on the project."""
+    try:
+        services.labeling_project_push(project_id)
+    except (httpx.HTTPError, ApiError) as exc:
+        last = self.request.retries >= self.max_retries
+        services.labeling_project_problem(project_id, f"Label Studio: {exc}", final=last)
+        raise
+    except NotConfigured as exc:
+        services.labeling_project_problem(project_id, str(exc), final=True)
+        raise

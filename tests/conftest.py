@@ -49,13 +49,16 @@ def make_version(dataset, owner, rows: list[list[str]] | None = None):
     )
     services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
     upload.refresh_from_db()
+    from labeling.task_kinds import schema_for
+
+    mapping = schema_for(dataset.task_kind).propose_mapping(rows[0])
     job = services.import_start(
         actor=owner,
         dataset=dataset,
         upload=upload,
         fmt="csv",
         encoding="utf-8",
-        options={"mapping": {"text": "text", "label": "label"}},
+        options={"mapping": mapping},
     )
     job = services.import_run(job.pk)
     assert job.version is not None, job.error

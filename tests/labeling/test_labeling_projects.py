@@ -1,0 +1,132 @@
+"""Labeling projects against the real Label Studio: creation per task kind, the push of tasks
+with existing labels as predictions, row selections, and the guard on deleting a dataset."""
+
+import json
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from labeling import label_studio, services
+from labeling.models import LabelingProject
+from tests.conftest import make_version
+from tests.labeling.test_label_studio import needs_label_studio
+
+pytestmark = needs_label_studio
+
+
+@pytest.fixture
+def dataset(owner, team):
+    return services.dataset_create(
+        actor=owner,
+        team=team,
+        name="评论",
+        task_kind="text_classification",
+        labels=["正面", "负面"],
+    )
+
+
+def ls_tasks(project: LabelingProject) -> list:
+    return list(label_studio.client().tasks.list(project=project.ls_project_id, fields="all"))
+
+
+def first_prediction(task) -> dict:
+    """The first result of a task's first prediction, as plain JSON."""
+    prediction = task.predictions[0]
+    data = prediction.model_dump() if hasattr(prediction, "model_dump") else prediction
+    return data["result"][0]
+
+
+def push(owner, version, **options) -> LabelingProject:
+    project = services.labeling_project_create(
+        actor=owner, version=version, name="第一轮标注", **options
+    )
+    return services.labeling_project_push(project.pk)  # what the Celery task does
+
+
+def test_push_makes_the_project_and_its_tasks_with_labels_as_predictions(owner, dataset):
+    rows = [["text", "label"], ["房间干净", "正面"], ["早餐很差", ""], ["服务热情", "正面"]]
+    version = make_version(dataset, owner, rows)
+    project = push(owner, version, instructions="按情感倾向选择", overlap=2)
+    assert project.status == "ready" and project.tasks_total == project.tasks_pushed == 3
+    stored = label_studio.client().projects.get(id=project.ls_project_id)
+    assert stored.maximum_annotations == 2 and "正面" in stored.label_config
+    assert stored.title.startswith(f"{dataset.team.slug} · 第一轮标注")
+    tasks = {t.data["platform_row"]: t for t in ls_tasks(project)}
+    assert {r: t.data["text"] for r, t in tasks.items()} == {
+        1: "房间干净",
+        2: "早餐很差",
+        3: "服务热情",
+    }
+    assert first_prediction(tasks[1])["value"]["choices"] == ["正面"]
+    assert tasks[2].predictions == []
+    assert set(project.tasks.values_list("ls_task_id", flat=True)) == {t.id for t in tasks.values()}
+
+
+def test_a_second_push_adds_nothing(owner, dataset):
+    project = push(owner, make_version(dataset, owner))
+    again = services.labeling_project_push(project.pk)
+    assert again.tasks_pushed == 3 and len(ls_tasks(project)) == 3
+
+
+def test_row_selections(owner, dataset):
+    rows = [["text", "label"]] + [[f"评论{i}", "正面" if i % 2 else ""] for i in range(40)]
+    version = make_version(dataset, owner, rows)
+    assert push(owner, version, selection="unlabeled").tasks_total == 20
+    assert push(owner, version, selection="sample", sample_size=7).tasks_total == 7
+    test_rows = version.split_counts["test"]
+    assert push(owner, version, selection="split", split="test").tasks_total == test_rows
+
+
+@pytest.mark.parametrize(
+    ("kind", "header", "row", "result_type"),
+    [
+        ("multi_label", ["text", "labels"], ["降息利好", "财经|政策"], "choices"),
+        ("text_pair", ["text_a", "text_b", "label"], ["怎么办卡", "办卡流程", "相似"], "choices"),
+    ],
+)
+def test_other_kinds_push(owner, team, kind, header, row, result_type):
+    dataset = services.dataset_create(actor=owner, team=team, name=kind, task_kind=kind)
+    version = make_version(dataset, owner, [header, row])
+    project = push(owner, version, labels=["财经", "政策", "相似", "不相似"])
+    (task,) = ls_tasks(project)
+    assert first_prediction(task)["type"] == result_type
+
+
+def test_ner_spans_become_predictions(owner, team):
+    import io
+
+    dataset = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
+    line = {"text": "张三在北京工作", "entities": [{"start": 0, "end": 2, "label": "PER"}]}
+    data = (json.dumps(line, ensure_ascii=False) + "\n").encode()
+    upload = services.upload_create(actor=owner, team=team, filename="n.jsonl", size=len(data))
+    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
+    upload.refresh_from_db()
+    job = services.import_start(
+        actor=owner,
+        dataset=dataset,
+        upload=upload,
+        fmt="jsonl",
+        encoding="utf-8",
+        options={"mapping": {"text": "text", "entities": "entities"}},
+    )
+    version = services.import_run(job.pk).version
+    project = push(owner, version, labels=["PER", "LOC"])
+    (task,) = ls_tasks(project)
+    value = first_prediction(task)["value"]
+    assert (value["start"], value["end"], value["text"], value["labels"]) == (0, 2, "张三", ["PER"])
+
+
+def test_a_dataset_being_labeled_cannot_be_deleted(owner, dataset):
+    version = make_version(dataset, owner)
+    services.labeling_project_create(actor=owner, version=version, name="进行中")
+    with pytest.raises(ValidationError, match="in use"):
+        services.dataset_delete(actor=owner, dataset=dataset)
+    assert dataset.versions.count() == 1
+
+
+def test_project_settings_are_checked(owner, dataset):
+    version = make_version(dataset, owner)
+    with pytest.raises(ValidationError, match="sample needs its size"):
+        services.labeling_project_create(actor=owner, version=version, name="x", selection="sample")
+    with pytest.raises(ValidationError, match="annotators per task"):
+        services.labeling_project_create(actor=owner, version=version, name="x", overlap=0)
