@@ -20,5 +20,7 @@ app.conf.task_routes = {
 BEAT_INTERVAL_S = 30
 app.conf.beat_schedule = {
     "beat-heartbeat": {"task": "console.tasks.beat_heartbeat", "schedule": float(BEAT_INTERVAL_S)},
+    # Reconciliation with Label Studio: webhooks are a hint, this is the guarantee.
+    "labeling-reconcile": {"task": "labeling.tasks.reconcile_labeling_projects", "schedule": 60.0},
 }
 app.autodiscover_tasks()

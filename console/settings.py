@@ -160,6 +160,10 @@ UPLOAD_CHUNK_BYTES = 4 * 1024 * 1024
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# Cookies ignore ports: Label Studio on the same host (another port) uses Django's default
+# names, so the platform's have names of their own or each would log the other out.
+SESSION_COOKIE_NAME = "platform_sessionid"
+CSRF_COOKIE_NAME = "platform_csrftoken"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
@@ -195,6 +199,8 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # (its token is written to the token file once Label Studio is up).
 LABEL_STUDIO_URL = os.environ.get("LABEL_STUDIO_URL", "").rstrip("/")
 LABEL_STUDIO_TOKEN = os.environ.get("LABEL_STUDIO_TOKEN", "")
+# The platform's own URL as Label Studio reaches it, for webhooks.
+PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 LABEL_STUDIO_TOKEN_FILE = Path(
     os.environ.get("LABEL_STUDIO_TOKEN_FILE") or DATA_DIR / "label-studio" / "platform-token"
 )

@@ -191,6 +191,9 @@ class LabelingProject(models.Model):
     split = models.CharField(max_length=8, blank=True)
     seed = models.IntegerField(default=42)
     ls_project_id = models.PositiveIntegerField(null=True, blank=True)
+    # The secret in the webhook URL Label Studio calls; only its hash is kept.
+    webhook_secret_hash = models.CharField(max_length=64, blank=True)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
     tasks_total = models.PositiveIntegerField(default=0)
     tasks_pushed = models.PositiveIntegerField(default=0)
@@ -223,3 +226,32 @@ class LabelingTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} row {self.row}"
+
+
+class Annotation(models.Model):
+    """An annotation made in Label Studio, as the platform took it in and checked it."""
+
+    project = models.ForeignKey(
+        LabelingProject, on_delete=models.CASCADE, related_name="annotations"
+    )
+    task = models.ForeignKey(LabelingTask, on_delete=models.CASCADE, related_name="annotations")
+    ls_annotation_id = models.PositiveIntegerField()
+    # Who made it, as Label Studio knows them (its user id and email).
+    annotator_ls_id = models.PositiveIntegerField(null=True)
+    annotator = models.CharField(max_length=254, blank=True)
+    # The annotation in the dataset's terms: {"label": …}, {"labels": […]}, {"entities": […]}.
+    value = models.JSONField(default=dict)
+    valid = models.BooleanField(default=True)
+    error = models.TextField(blank=True)
+    ls_updated_at = models.DateTimeField(null=True)
+    synced_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "ls_annotation_id"], name="one_row_per_ls_annotation"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project} annotation {self.ls_annotation_id}"

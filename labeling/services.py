@@ -1,8 +1,10 @@
 """Every write of the labeling app: datasets, chunked uploads, imports, merges."""
 
 import hashlib
+import hmac
 import json
 import random
+import secrets
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,13 +17,15 @@ from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
 from django.db.models import Max, ProtectedError
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from console.models import Team
+from console.models import Team, hash_token
 from console.services import audit_record
 from labeling import pipeline
 from labeling.models import (
+    Annotation,
     Dataset,
     DatasetVersion,
     ImportJob,
@@ -30,7 +34,7 @@ from labeling.models import (
     Upload,
 )
 from labeling.readers import ENCODINGS, FORMATS, FileError
-from labeling.task_kinds import TaskKind, schema_for
+from labeling.task_kinds import RowError, TaskKind, schema_for
 
 
 def _team_prefix(team: Team) -> str:
@@ -598,6 +602,7 @@ def labeling_project_push(project_id: int) -> LabelingProject:
         )
         LabelingProject.objects.filter(pk=project.pk).update(ls_project_id=created.id)
         project.ls_project_id = created.id
+        labeling_project_webhook_register(project)
     done = set(project.tasks.values_list("row", flat=True))
     model_version = f"{version.dataset.name} v{version.number}"
     batch: list[tuple[int, dict]] = []
@@ -643,3 +648,137 @@ def labeling_project_problem(project_id: int, error: str, *, final: bool) -> Non
     if final:
         changes["status"] = LabelingProject.Status.FAILED
     LabelingProject.objects.filter(pk=project_id).update(**changes)
+
+
+# -- Sync with Label Studio ------------------------------------------------------------------
+
+
+def _version_rows(version: DatasetVersion, wanted: set[int]) -> dict[int, dict]:
+    rows = {}
+    with default_storage.open(version.data_file, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if number in wanted:
+                rows[number] = json.loads(line)
+    return rows
+
+
+def labeling_project_sync(project_id: int) -> dict[str, int]:
+    """Take in every annotation of the project's Label Studio project: new ones, changed ones
+    (by their updated_at), and forget deleted ones. Each is checked against the project's
+    labels and the row's text; an invalid one is kept with its reason. Safe to run any time:
+    webhooks ask for it, and the scheduled reconciliation runs it whatever they say."""
+    from labeling.label_studio import client
+
+    project = LabelingProject.objects.select_related("source_version__dataset").get(pk=project_id)
+    if project.ls_project_id is None:
+        return {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
+    schema = schema_for(project.source_version.dataset.task_kind)
+    tasks = {t.ls_task_id: t for t in project.tasks.all()}
+    known = {a.ls_annotation_id: a for a in project.annotations.all()}
+    ls_items = []
+    for ls_task in client().tasks.list(project=project.ls_project_id, fields="all"):
+        task = tasks.get(ls_task.id)
+        if task is None:  # made in Label Studio by hand: not one of ours
+            continue
+        for raw in ls_task.annotations or []:
+            item = raw if isinstance(raw, dict) else raw.model_dump()
+            if item.get("was_cancelled"):
+                continue
+            ls_items.append((task, item))
+    rows = _version_rows(project.source_version, {task.row for task, _item in ls_items})
+    counts = {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
+    seen = set()
+    with transaction.atomic():
+        for task, item in ls_items:
+            seen.add(item["id"])
+            updated_at = item.get("updated_at")
+            existing = known.get(item["id"])
+            if (
+                existing
+                and existing.ls_updated_at
+                and updated_at
+                and (existing.ls_updated_at.isoformat() == _parse_time(updated_at).isoformat())
+            ):
+                continue
+            try:
+                value = schema.parse_ls_result(
+                    item.get("result") or [], rows[task.row], project.labels
+                )
+                valid, error = True, ""
+            except RowError as exc:
+                value, valid, error = {}, False, exc.message
+                counts["invalid"] += 1
+            completed_by = item.get("completed_by")
+            fields = {
+                "task": task,
+                "annotator_ls_id": completed_by if isinstance(completed_by, int) else None,
+                "annotator": str(item.get("created_username") or completed_by or ""),
+                "value": value,
+                "valid": valid,
+                "error": str(error),
+                "ls_updated_at": _parse_time(updated_at) if updated_at else None,
+                "synced_at": timezone.now(),
+            }
+            Annotation.objects.update_or_create(
+                project=project, ls_annotation_id=item["id"], defaults=fields
+            )
+            counts["updated" if existing else "created"] += 1
+        gone = [pk for pk in known if pk not in seen]
+        counts["deleted"] = project.annotations.filter(ls_annotation_id__in=gone).delete()[0]
+        LabelingProject.objects.filter(pk=project.pk).update(last_synced_at=timezone.now())
+    return counts
+
+
+def _parse_time(value: str):
+    from django.utils.dateparse import parse_datetime
+
+    return parse_datetime(value) if isinstance(value, str) else value
+
+
+def labeling_project_webhook_register(project: LabelingProject) -> None:
+    """Ask Label Studio to call the platform (at PLATFORM_URL) when annotations change; run it
+    again after PLATFORM_URL changed. A hint only: the scheduled reconciliation gets every
+    annotation without it."""
+    from labeling.label_studio import client
+
+    ls = client()
+    for hook in ls.webhooks.list(project=project.ls_project_id):
+        if "/hooks/label-studio/" in hook.url:  # the platform's earlier one
+            ls.webhooks.delete(id=hook.id)
+    secret = secrets.token_urlsafe(24)
+    url = settings.PLATFORM_URL + reverse(
+        "labeling:label_studio_webhook", kwargs={"project_id": project.pk, "secret": secret}
+    )
+    ls.webhooks.create(
+        project=project.ls_project_id,
+        url=url,
+        send_payload=False,
+        send_for_all_actions=False,
+        actions=["ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_DELETED"],
+    )
+    LabelingProject.objects.filter(pk=project.pk).update(webhook_secret_hash=hash_token(secret))
+
+
+def webhook_project(project_id: int, secret: str) -> LabelingProject | None:
+    """The project a webhook call names, if its secret is right."""
+    project = LabelingProject.objects.filter(pk=project_id).first()
+    if project is None or not project.webhook_secret_hash:
+        return None
+    if not hmac.compare_digest(project.webhook_secret_hash, hash_token(secret)):
+        return None
+    return project
+
+
+def labeling_projects_to_reconcile() -> list[int]:
+    return list(
+        LabelingProject.objects.filter(status=LabelingProject.Status.READY).values_list(
+            "pk", flat=True
+        )
+    )
+
+
+def labeling_project_sync_request(project: LabelingProject) -> None:
+    """Queue a sync of the project (a webhook said something changed)."""
+    from labeling.tasks import sync_labeling_project
+
+    transaction.on_commit(lambda: sync_labeling_project.delay(project.pk))

@@ -127,6 +127,53 @@ class Schema:
             }
         ]
 
+    def parse_ls_result(self, result: list[dict], row: dict, labels: list[str]) -> dict:
+        """A Label Studio annotation's result, checked against the project's labels and the
+        row's text, in the dataset's terms; RowError says what is wrong. Label Studio itself
+        does not check results against the labeling config."""
+        allowed = set(labels)
+        if self.kind == TaskKind.NER:
+            entities = []
+            for item in result:
+                if item.get("type") != "labels":
+                    continue
+                value = item.get("value") or {}
+                start, end = value.get("start"), value.get("end")
+                found = value.get("labels") or []
+                if not isinstance(start, int) or not isinstance(end, int) or len(found) != 1:
+                    raise RowError(
+                        "bad_entities", "entities", _("A span without offsets or label.")
+                    )
+                entities.append({"start": start, "end": end, "label": found[0]})
+            # The same checks as an import: bounds, overlaps, known labels.
+            return {
+                "entities": _build_ner(
+                    {"text": row["text"], "entities": entities}, Normalizer(), frozenset(allowed)
+                )["entities"]
+            }
+        choices = [
+            c
+            for item in result
+            if item.get("type") == "choices"
+            for c in (item.get("value") or {}).get("choices", [])
+        ]
+        unknown = [c for c in choices if c not in allowed]
+        if unknown:
+            raise RowError(
+                "unknown_label",
+                self.label_field,
+                _("Unknown label “%(label)s”.") % {"label": unknown[0]},
+            )
+        if self.kind == TaskKind.MULTI_LABEL:
+            return {"labels": sorted(set(choices))}
+        if len(choices) != 1:
+            raise RowError(
+                "bad_labels",
+                "label",
+                _("Exactly one label is expected, not %(n)d.") % {"n": len(choices)},
+            )
+        return {"label": choices[0]}
+
     def row_labels(self, row: dict) -> list[str]:
         """The labels a row carries, for statistics and stratification."""
         if self.label_field == "label":

@@ -34,3 +34,21 @@ def push_labeling_project(self, project_id: int) -> None:
     except NotConfigured as exc:
         services.labeling_project_problem(project_id, str(exc), final=True)
         raise
+
+
+@shared_task(
+    autoretry_for=(httpx.HTTPError, ApiError),
+    retry_backoff=5,
+    retry_backoff_max=300,
+    max_retries=12,
+)
+def sync_labeling_project(project_id: int) -> None:
+    """Take in a project's annotations (asked for by a webhook or the reconciliation)."""
+    services.labeling_project_sync(project_id)
+
+
+@shared_task
+def reconcile_labeling_projects() -> None:
+    """Scheduled by beat: sync every ready project, so a missed webhook loses nothing."""
+    for project_id in services.labeling_projects_to_reconcile():
+        sync_labeling_project.delay(project_id)

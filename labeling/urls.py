@@ -24,6 +24,11 @@ urlpatterns = [
     path(V + "download/<slug:kind>/", views.version_download, name="version_download"),
     path(T + "imports/<int:job_id>/", views.import_job, name="import_job"),
     path(T + "labeling/", views.projects, name="projects"),
+    path(
+        "hooks/label-studio/<int:project_id>/<str:secret>/",
+        views.label_studio_webhook,
+        name="label_studio_webhook",
+    ),
     # REST API
     path(A + "datasets/", api.DatasetListCreate.as_view(), name="api_datasets"),
     path(AD, api.DatasetDetail.as_view(), name="api_dataset"),

@@ -7,9 +7,10 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from console.permissions import team_view
@@ -251,6 +252,16 @@ def merge(request: HttpRequest, dataset_id: int) -> HttpResponse:
         messages.error(request, _error_text(exc))
         return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
     return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
+
+
+@csrf_exempt  # called by Label Studio, authenticated by the secret in its URL
+@require_POST
+def label_studio_webhook(request: HttpRequest, project_id: int, secret: str) -> HttpResponse:
+    project = services.webhook_project(project_id, secret)
+    if project is None:
+        raise Http404
+    services.labeling_project_sync_request(project)
+    return JsonResponse({"queued": True}, status=202)
 
 
 @team_view()

@@ -15,7 +15,7 @@ from console.roles import Role
 from tests.conftest import make_version
 
 # Routes anyone may call without logging in.
-PUBLIC = {"console:login", "console:logout", "set_language"}
+PUBLIC = {"console:login", "console:logout", "set_language", "labeling:label_studio_webhook"}
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
 
@@ -82,6 +82,10 @@ def object_factories(team, owner) -> dict:
         "upload_id": lambda: upload.pk,
         "kind": lambda: "original",
         "user_id": lambda: owner.pk,
+        "project_id": lambda: (
+            labeling_services.labeling_project_create(actor=owner, version=v, name="p").pk
+        ),
+        "secret": lambda: "not-the-secret",
     }
 
 

@@ -10,8 +10,7 @@
   const status = document.getElementById("upload-status");
   const chunk = parseInt(box.dataset.chunk, 10);
   const maxBytes = parseInt(box.dataset.maxBytes, 10);
-  const csrf = document.cookie.split("; ").find((c) => c.startsWith("csrftoken="));
-  const headers = { "X-CSRFToken": csrf ? csrf.split("=")[1] : "" };
+  const headers = { "X-CSRFToken": box.dataset.csrf };
   const t = (s) => (window.gettext ? window.gettext(s) : s);
 
   function show(done, total) {

@@ -1,0 +1,165 @@
+"""Annotations made through Label Studio's API, taken in by the sync: created, changed,
+deleted, and checked (Label Studio accepts results outside the labeling config)."""
+
+import pytest
+
+from labeling import label_studio, services
+from labeling.models import Annotation
+from tests.conftest import make_version
+from tests.labeling.test_label_studio import needs_label_studio
+
+pytestmark = needs_label_studio
+
+
+def choice(label: str) -> list[dict]:
+    return [
+        {"from_name": "label", "to_name": "text", "type": "choices", "value": {"choices": [label]}}
+    ]
+
+
+@pytest.fixture
+def project(owner, team):
+    dataset = services.dataset_create(
+        actor=owner,
+        team=team,
+        name="评论",
+        task_kind="text_classification",
+        labels=["正面", "负面"],
+    )
+    rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
+    version = make_version(dataset, owner, rows)
+    created = services.labeling_project_create(actor=owner, version=version, name="同步")
+    return services.labeling_project_push(created.pk)
+
+
+def task_ids(project) -> dict[int, int]:
+    return dict(project.tasks.values_list("row", "ls_task_id"))
+
+
+def test_sync_takes_in_created_changed_and_deleted_annotations(project):
+    ls = label_studio.client()
+    ids = task_ids(project)
+    first = ls.annotations.create(id=ids[1], result=choice("正面"))
+    ls.annotations.create(id=ids[2], result=choice("中性"))  # not in the label set
+    counts = services.labeling_project_sync(project.pk)
+    assert counts == {"created": 2, "updated": 0, "deleted": 0, "invalid": 1}
+    good = Annotation.objects.get(ls_annotation_id=first.id)
+    assert good.valid and good.value == {"label": "正面"} and good.task.row == 1
+    bad = Annotation.objects.get(valid=False)
+    assert "中性" in bad.error and bad.task.row == 2
+
+    # Nothing changed: nothing to do.
+    assert services.labeling_project_sync(project.pk)["updated"] == 0
+    ls.annotations.update(id=first.id, result=choice("负面"))
+    assert services.labeling_project_sync(project.pk)["updated"] == 1
+    good.refresh_from_db()
+    assert good.value == {"label": "负面"}
+
+    ls.annotations.delete(id=first.id)
+    assert services.labeling_project_sync(project.pk)["deleted"] == 1
+    assert not Annotation.objects.filter(ls_annotation_id=first.id).exists()
+
+
+def test_ner_annotations_are_checked_against_the_text(owner, team):
+    import io
+    import json
+
+    dataset = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
+    data = (
+        json.dumps({"text": "张三在北京工作", "entities": []}, ensure_ascii=False) + "\n"
+    ).encode()
+    upload = services.upload_create(actor=owner, team=team, filename="n.jsonl", size=len(data))
+    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
+    upload.refresh_from_db()
+    job = services.import_start(
+        actor=owner,
+        dataset=dataset,
+        upload=upload,
+        fmt="jsonl",
+        encoding="utf-8",
+        options={"mapping": {"text": "text"}},
+    )
+    version = services.import_run(job.pk).version
+    project = services.labeling_project_push(
+        services.labeling_project_create(
+            actor=owner, version=version, name="实体标注", labels=["PER", "LOC"]
+        ).pk
+    )
+    (task_id,) = task_ids(project).values()
+
+    def span(start, end, label):
+        return {
+            "from_name": "entities",
+            "to_name": "text",
+            "type": "labels",
+            "value": {"start": start, "end": end, "labels": [label]},
+        }
+
+    ls = label_studio.client()
+    ls.annotations.create(id=task_id, result=[span(0, 2, "PER"), span(3, 5, "LOC")])
+    ls.annotations.create(id=task_id, result=[span(3, 50, "LOC")])
+    services.labeling_project_sync(project.pk)
+    good = Annotation.objects.get(valid=True)
+    assert good.value == {
+        "entities": [{"start": 0, "end": 2, "label": "PER"}, {"start": 3, "end": 5, "label": "LOC"}]
+    }
+    bad = Annotation.objects.get(valid=False)
+    assert "outside the text" in bad.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_webhook_from_label_studio_brings_the_annotation(
+    owner, team, live_server, settings, celery_worker_process
+):
+    import time
+
+    settings.PLATFORM_URL = live_server.url
+    dataset = services.dataset_create(
+        actor=owner,
+        team=team,
+        name="评论",
+        task_kind="text_classification",
+        labels=["正面", "负面"],
+    )
+    version = make_version(dataset, owner)
+    project = services.labeling_project_create(actor=owner, version=version, name="钩子")
+    deadline = time.monotonic() + 60
+    while project.status != "ready":  # the worker pushes it
+        assert time.monotonic() < deadline, project.error
+        time.sleep(0.3)
+        project.refresh_from_db()
+    # The worker registered the default PLATFORM_URL; this test's server is elsewhere.
+    services.labeling_project_webhook_register(project)
+    hooks = label_studio.client().webhooks.list(project=project.ls_project_id)
+    assert [h.url.startswith(live_server.url) for h in hooks] == [True]
+    label_studio.client().annotations.create(id=task_ids(project)[1], result=choice("正面"))
+    deadline = time.monotonic() + 30
+    while not Annotation.objects.filter(project=project).exists():
+        assert time.monotonic() < deadline, "the webhook did not bring the annotation"
+        time.sleep(0.5)
+    assert Annotation.objects.get(project=project).value == {"label": "正面"}
+
+
+def test_webhook_with_a_wrong_secret_is_404(client, project):
+    response = client.post(f"/hooks/label-studio/{project.pk}/wrong/")
+    assert response.status_code == 404
+    assert client.post("/hooks/label-studio/999999/x/").status_code == 404
+
+
+def test_reconciliation_gets_what_no_webhook_announced(project, settings):
+    """With the webhook receiver unreachable, the scheduled reconciliation still takes in
+    every annotation."""
+    from labeling.tasks import reconcile_labeling_projects
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    from console.celery import app
+
+    app.conf.task_always_eager = True
+    try:
+        ls = label_studio.client()
+        for row, task_id in task_ids(project).items():
+            ls.annotations.create(id=task_id, result=choice("正面" if row % 2 else "负面"))
+        reconcile_labeling_projects()
+    finally:
+        app.conf.task_always_eager = False
+    assert Annotation.objects.filter(project=project, valid=True).count() == 3
