@@ -44,6 +44,8 @@ class ImportOptions:
     ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
     seed: int = 42
     labels: frozenset[str] | None = None
+    # Rows that come with a split (a labeling export, a merge) keep it; others get one.
+    keep_splits: bool = False
 
     def as_dict(self) -> dict:
         return {
@@ -54,6 +56,7 @@ class ImportOptions:
             "ratios": list(self.ratios),
             "seed": self.seed,
             "labels": sorted(self.labels) if self.labels is not None else None,
+            "keep_splits": self.keep_splits,
         }
 
 
@@ -83,19 +86,28 @@ def split_targets(n: int, ratios: tuple[float, ...]) -> list[int]:
     return counts
 
 
-def assign_splits(strata: array, n_strata: int, ratios, seed: int) -> bytearray:
+NO_SPLIT = 255
+
+
+def assign_splits(
+    strata: array, n_strata: int, ratios, seed: int, preset: bytearray | None = None
+) -> bytearray:
     """A split for each row: exact per-stratum counts, uniformly random given the seed.
 
     Selection sampling (Knuth's Algorithm S) in one pass: a row takes split k with probability
-    (rows split k still needs in its stratum) / (rows of its stratum still to come).
+    (rows split k still needs in its stratum) / (rows of its stratum still to come). Rows with
+    a ``preset`` split keep it and take no part.
     """
     remaining = [0] * n_strata
-    for s in strata:
-        remaining[s] += 1
+    for i, s in enumerate(strata):
+        if preset is None or preset[i] == NO_SPLIT:
+            remaining[s] += 1
     needed = [split_targets(n, ratios) for n in remaining]
     rng = random.Random(seed)  # noqa: S311 - reproducible splits, not secrets
-    assigned = bytearray(len(strata))
+    assigned = bytearray(len(strata)) if preset is None else bytearray(preset)
     for i, s in enumerate(strata):
+        if preset is not None and preset[i] != NO_SPLIT:
+            continue
         pick = rng.random() * remaining[s]
         need = needed[s]
         k = 0
@@ -176,6 +188,8 @@ def run_import(
     seen: set[int] = set()
     strata_ids: dict[str, int] = {}
     strata = array("I")
+    preset = bytearray()
+    split_codes = {name: k for k, name in enumerate(SPLITS)}
     label_counts: dict[str, int] = {}
     length_hist = [0] * len(LENGTH_BINS)
     reasons: Counter = Counter()
@@ -247,6 +261,8 @@ def run_import(
             if stratum_id is None:
                 stratum_id = strata_ids[stratum] = len(strata_ids)
             strata_append(stratum_id)
+            if options.keep_splits:
+                preset.append(split_codes.get(record.get("split"), NO_SPLIT))
     del seen
     if progress is not None:
         progress(read)
@@ -261,7 +277,13 @@ def run_import(
             _("Strict mode: %(n)d row(s) were rejected, so nothing was imported.") % {"n": rejected}
         )
 
-    splits = assign_splits(strata, len(strata_ids), options.ratios, options.seed)
+    splits = assign_splits(
+        strata,
+        len(strata_ids),
+        options.ratios,
+        options.seed,
+        preset if options.keep_splits else None,
+    )
     del strata
     page_index = []
     # Bytes in, bytes out: the split is appended to each line without decoding it again.

@@ -203,3 +203,46 @@ def version_file(version: DatasetVersion, kind: str) -> tuple[str, str]:
     if not name:
         raise Http404("No such file.")
     return name, filename
+
+
+def team_labeling_projects(team: Team):
+    from labeling.models import LabelingProject
+
+    return LabelingProject.objects.filter(team=team).select_related("source_version__dataset")
+
+
+def labeling_project_get(team: Team, project_id: int):
+    project = team_labeling_projects(team).filter(pk=project_id).first()
+    if project is None:
+        raise Http404("No such labeling project.")
+    return project
+
+
+def labeling_project_answers(project) -> dict[int, list[tuple[str, dict]]]:
+    """Valid annotations by row: [(annotator, value)]."""
+    answers: dict[int, list[tuple[str, dict]]] = {}
+    for annotation in project.annotations.filter(valid=True).select_related("task"):
+        answers.setdefault(annotation.task.row, []).append((annotation.annotator, annotation.value))
+    return answers
+
+
+def labeling_project_progress(project) -> dict:
+    """Tasks done (annotated by as many annotators as the project asks), and per annotator."""
+    from collections import Counter
+
+    answers = labeling_project_answers(project)
+    per_annotator = Counter(who for rows in answers.values() for who, _v in rows)
+    done = sum(1 for rows in answers.values() if len(rows) >= project.overlap)
+    return {
+        "done": done,
+        "total": project.tasks_total,
+        "annotations": sum(per_annotator.values()),
+        "invalid": project.annotations.filter(valid=False).count(),
+        "per_annotator": dict(per_annotator.most_common()),
+    }
+
+
+def labeling_project_agreement(project) -> dict:
+    from labeling.consensus import agreement
+
+    return agreement(labeling_project_answers(project), project.source_version.dataset.task_kind)

@@ -1,5 +1,6 @@
 """Every write of the labeling app: datasets, chunked uploads, imports, merges."""
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -23,7 +24,7 @@ from django.utils.translation import gettext as _
 
 from console.models import Team, hash_token
 from console.services import audit_record
-from labeling import pipeline
+from labeling import consensus, pipeline, selectors
 from labeling.models import (
     Annotation,
     Dataset,
@@ -332,6 +333,7 @@ def _options_from(job: ImportJob) -> pipeline.ImportOptions:
         ratios=tuple(o["ratios"]),
         seed=o["seed"],
         labels=frozenset(o["labels"]) if o["labels"] is not None else None,
+        keep_splits=o.get("keep_splits", False),
     )
 
 
@@ -362,8 +364,11 @@ def import_run(job_id: int) -> ImportJob:
     with tempfile.TemporaryDirectory(prefix=f"import-{job.pk}-", dir=staging) as tmp:
         workdir = Path(tmp)
         try:
+            # Merges and labeling exports make their input; either way `with` closes it.
             if job.source == DatasetVersion.Source.MERGE:
                 stream = open(_merged_input(job, workdir), "rb")
+            elif job.source == DatasetVersion.Source.LABELING:
+                stream = open(_labeling_input(job, workdir), "rb")
             else:
                 stream = default_storage.open(job.upload.storage_name, "rb")
             with stream:
@@ -456,6 +461,12 @@ def _version_create(job: ImportJob, result: pipeline.ImportResult, report_file: 
         original_file = job.upload.storage_name
         lineage = {"upload": str(job.upload.pk), "sha256": job.upload.sha256}
         parent = dataset.versions.order_by("-number").first()
+    elif job.source == DatasetVersion.Source.LABELING:
+        parent = DatasetVersion.objects.get(pk=job.parents[0])
+        lineage = {
+            "labeling_project": job.options["export"]["project"],
+            "rule": job.options["export"]["rule"],
+        }
     else:
         parents = list(DatasetVersion.objects.filter(pk__in=job.parents).order_by("number"))
         lineage = {"merged": [{"id": v.pk, "number": v.number} for v in parents]}
@@ -686,6 +697,15 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
                 continue
             ls_items.append((task, item))
     rows = _version_rows(project.source_version, {task.row for task, _item in ls_items})
+    emails: dict[int, str] = {}
+
+    def email_of(user_id) -> str:
+        if not isinstance(user_id, int):
+            return ""
+        if user_id not in emails:
+            emails[user_id] = client().users.get(id=user_id).email or str(user_id)
+        return emails[user_id]
+
     counts = {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
     seen = set()
     with transaction.atomic():
@@ -708,11 +728,14 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
             except RowError as exc:
                 value, valid, error = {}, False, exc.message
                 counts["invalid"] += 1
-            completed_by = item.get("completed_by")
+            # Label Studio gives the annotator as an id, or as {"id", "email", …} in task lists.
+            who = item.get("completed_by")
+            who_id = who.get("id") if isinstance(who, dict) else who
+            who_name = who.get("email") if isinstance(who, dict) else email_of(who_id)
             fields = {
                 "task": task,
-                "annotator_ls_id": completed_by if isinstance(completed_by, int) else None,
-                "annotator": str(item.get("created_username") or completed_by or ""),
+                "annotator_ls_id": who_id if isinstance(who_id, int) else None,
+                "annotator": str(who_name or who_id or ""),
                 "value": value,
                 "valid": valid,
                 "error": str(error),
@@ -782,3 +805,78 @@ def labeling_project_sync_request(project: LabelingProject) -> None:
     from labeling.tasks import sync_labeling_project
 
     transaction.on_commit(lambda: sync_labeling_project.delay(project.pk))
+
+
+# -- Export ----------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def labeling_project_export(
+    *, actor: AbstractBaseUser, project: LabelingProject, rule: str, reviewer: str = ""
+) -> ImportJob:
+    """A new version of the source version's rows with the labels agreed in Label Studio
+    (conflicts resolved by ``rule``), imported like any other: checked, split kept."""
+    if rule not in consensus.RULES:
+        raise ValidationError(_("Unknown conflict rule “%(rule)s”.") % {"rule": rule})
+    if rule == "reviewer" and not reviewer:
+        raise ValidationError(_("Name the reviewer whose choice wins."))
+    version = project.source_version
+    dataset = version.dataset
+    options = {
+        "mapping": {f: f for f in schema_for(dataset.task_kind).field_names()},
+        "drop_duplicates": False,
+        "ratios": version.options.get("ratios") or [0.8, 0.1, 0.1],
+        "seed": version.options.get("seed", 42),
+    }
+    parsed = _import_options(dataset, options)
+    # The annotations were checked against the project's labels, which may differ from the
+    # dataset's; the rows keep the splits they have.
+    parsed = dataclasses.replace(parsed, keep_splits=True, labels=None)
+    job = ImportJob.objects.create(
+        team=dataset.team,
+        dataset=dataset,
+        source=DatasetVersion.Source.LABELING,
+        parents=[version.pk],
+        format="jsonl",
+        encoding="utf-8",
+        options={
+            **parsed.as_dict(),
+            "export": {"project": project.pk, "rule": rule, "reviewer": reviewer},
+        },
+        bytes_total=default_storage.size(version.data_file),
+        created_by=actor,
+    )
+    audit_record(
+        action="labeling_project.export",
+        actor=actor,
+        team=dataset.team,
+        target=project,
+        data={"job": job.pk, "rule": rule, "reviewer": reviewer},
+    )
+    _enqueue(job)
+    return job
+
+
+def _labeling_input(job: ImportJob, workdir: Path) -> Path:
+    """The source version's rows, with the resolved annotations of the project's tasks."""
+    export = job.options["export"]
+    project = LabelingProject.objects.select_related("source_version__dataset").get(
+        pk=export["project"]
+    )
+    kind = project.source_version.dataset.task_kind
+    label_field = schema_for(kind).label_field
+    answers = selectors.labeling_project_answers(project)
+    path = workdir / "labeled-input.jsonl"
+    with (
+        default_storage.open(project.source_version.data_file, "rb") as f,
+        open(path, "w", encoding="utf-8") as out,
+    ):
+        for number, line in enumerate(f, start=1):
+            row = json.loads(line)
+            if number in answers:
+                agreed = consensus.resolve(answers[number], export["rule"], export["reviewer"])
+                if agreed is None:
+                    continue  # annotators disagree and the rule drops the row
+                row[label_field] = agreed[label_field]
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
