@@ -71,3 +71,48 @@ class ImportForm(forms.Form):
             "ratios": [data["train"], data["dev"], data["test"]],
             "seed": data["seed"],
         }
+
+
+class LabelingProjectForm(forms.Form):
+    name = forms.CharField(label=_("Name"), max_length=100)
+    labels = forms.CharField(
+        label=_("Labels"),
+        required=False,
+        help_text=_("Separated by commas; empty takes the dataset's labels."),
+    )
+    instructions = forms.CharField(
+        label=_("Instructions for annotators"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )
+    overlap = forms.IntegerField(
+        label=_("Annotators per task"), min_value=1, max_value=10, initial=1
+    )
+    selection = forms.ChoiceField(label=_("Rows"), choices=[])
+    sample_size = forms.IntegerField(label=_("Sample size"), required=False, min_value=1)
+    split = forms.ChoiceField(
+        label=_("Split"),
+        required=False,
+        choices=[("", "—"), ("train", "train"), ("dev", "dev"), ("test", "test")],
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        from labeling.models import LabelingProject
+
+        super().__init__(*args, **kwargs)
+        self.fields["selection"].choices = LabelingProject.Selection.choices
+
+    def clean_labels(self) -> list[str]:
+        return [x for x in re.split(r"[,，\n]", self.cleaned_data["labels"]) if x.strip()]
+
+
+class ExportForm(forms.Form):
+    rule = forms.ChoiceField(
+        label=_("When annotators disagree"),
+        choices=[
+            ("majority", _("the majority decides")),
+            ("reviewer", _("a reviewer's choice wins")),
+            ("drop", _("drop the row")),
+        ],
+    )
+    reviewer = forms.CharField(label=_("Reviewer (Label Studio e-mail)"), required=False)

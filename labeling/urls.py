@@ -24,6 +24,8 @@ urlpatterns = [
     path(V + "download/<slug:kind>/", views.version_download, name="version_download"),
     path(T + "imports/<int:job_id>/", views.import_job, name="import_job"),
     path(T + "labeling/", views.projects, name="projects"),
+    path(T + "labeling/<int:project_id>/", views.project, name="project"),
+    path(V + "label/", views.project_create, name="project_create"),
     path(
         "hooks/label-studio/<int:project_id>/<str:secret>/",
         views.label_studio_webhook,

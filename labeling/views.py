@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from labeling import selectors, services
-from labeling.forms import DatasetForm, ImportForm
+from labeling.forms import DatasetForm, ExportForm, ImportForm, LabelingProjectForm
 from labeling.models import ImportJob
 from labeling.pipeline import LENGTH_BINS, SPLITS
 from labeling.task_kinds import schema_for
@@ -266,4 +266,58 @@ def label_studio_webhook(request: HttpRequest, project_id: int, secret: str) -> 
 
 @team_view()
 def projects(request: HttpRequest) -> HttpResponse:
-    return render(request, "labeling/projects.html")
+    return render(
+        request,
+        "labeling/projects.html",
+        {"projects": selectors.team_labeling_projects(request.team)},
+    )
+
+
+@team_view(write=Perm.LABELING_MANAGE)
+def project_create(request: HttpRequest, dataset_id: int, number: int) -> HttpResponse:
+    ds = selectors.dataset_get(request.team, dataset_id)
+    v = selectors.version_get(ds, number)
+    form = LabelingProjectForm(request.POST or None, initial={"labels": ", ".join(ds.labels)})
+    if request.method == "POST" and form.is_valid():
+        try:
+            project = services.labeling_project_create(
+                actor=request.user, version=v, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("labeling:project", team=request.team.slug, project_id=project.pk)
+    return render(
+        request, "labeling/project_create.html", {"dataset": ds, "version": v, "form": form}
+    )
+
+
+@team_view(read=Perm.TEAM_VIEW, write=Perm.LABELING_MANAGE)
+def project(request: HttpRequest, project_id: int) -> HttpResponse:
+    p = selectors.labeling_project_get(request.team, project_id)
+    form = ExportForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = services.labeling_project_export(
+                actor=request.user, project=p, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
+    template = "labeling/_project_status.html" if request.htmx else "labeling/project.html"
+    return render(
+        request,
+        template,
+        {
+            "project": p,
+            "progress": selectors.labeling_project_progress(p),
+            "agreement": selectors.labeling_project_agreement(p) if p.overlap > 1 else None,
+            "invalid": p.annotations.filter(valid=False).select_related("task")[:50],
+            "ls_url": f"{settings.LABEL_STUDIO_URL}/projects/{p.ls_project_id}/data"
+            if p.ls_project_id
+            else "",
+            "export_form": form,
+            "can_manage": role_allows(request.membership.role, Perm.LABELING_MANAGE),
+        },
+    )

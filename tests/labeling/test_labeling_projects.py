@@ -130,3 +130,22 @@ def test_project_settings_are_checked(owner, dataset):
         services.labeling_project_create(actor=owner, version=version, name="x", selection="sample")
     with pytest.raises(ValidationError, match="annotators per task"):
         services.labeling_project_create(actor=owner, version=version, name="x", overlap=0)
+
+
+def test_console_creates_a_project_and_shows_its_progress(client, owner, team, dataset):
+    version = make_version(dataset, owner)
+    client.force_login(owner)
+    base = f"/t/{team.slug}/datasets/{dataset.pk}/v/{version.number}/"
+    assert "label/" in client.get(base).content.decode()
+    response = client.post(
+        base + "label/",
+        {"name": "第二轮", "labels": "正面, 负面", "overlap": 2, "selection": "all"},
+    )
+    project = LabelingProject.objects.get(name="第二轮")
+    assert response["Location"] == f"/t/{team.slug}/labeling/{project.pk}/"
+    services.labeling_project_push(project.pk)
+    page = client.get(response["Location"]).content.decode()
+    assert "已完成 0 / 3 个任务" in page
+    assert 'data-testid="open-ls"' in page
+    listing = client.get(f"/t/{team.slug}/labeling/").content.decode()
+    assert "第二轮" in listing
