@@ -19,9 +19,13 @@ from labeling import selectors, services
 from labeling.serializers import (
     DatasetCreateSerializer,
     DatasetSerializer,
+    ExportRequestSerializer,
     ImportJobSerializer,
     ImportRequestSerializer,
+    LabelingProjectCreateSerializer,
+    LabelingProjectSerializer,
     MergeRequestSerializer,
+    PredictionsRequestSerializer,
     UploadSerializer,
     VersionSerializer,
 )
@@ -302,3 +306,83 @@ class VersionDownload(DatasetAPIView):
     def get(self, request: Request, team: str, dataset_id: int, number: int, kind: str):
         name, filename = selectors.version_file(self.version(), kind)
         return FileResponse(default_storage.open(name, "rb"), as_attachment=True, filename=filename)
+
+
+class LabelingProjectAPIView(APIView):
+    permission_classes = [TeamPermission]
+    write_permission = Perm.LABELING_MANAGE
+
+    def project(self):
+        return selectors.labeling_project_get(self.request.team, self.kwargs["project_id"])
+
+
+class LabelingProjectListCreate(LabelingProjectAPIView):
+    @extend_schema(responses=LabelingProjectSerializer(many=True))
+    def get(self, request: Request, team: str) -> Response:
+        projects = selectors.team_labeling_projects(request.team)
+        return Response(LabelingProjectSerializer(projects, many=True).data)
+
+    @extend_schema(
+        request=LabelingProjectCreateSerializer, responses={201: LabelingProjectSerializer}
+    )
+    def post(self, request: Request, team: str) -> Response:
+        """Create a labeling project from a version; Label Studio's side follows (queued)."""
+        serializer = LabelingProjectCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        dataset = selectors.dataset_get(request.team, data.pop("dataset"))
+        version = selectors.version_get(dataset, data.pop("version"))
+        project = _service_call(
+            services.labeling_project_create, actor=request.user, version=version, **data
+        )
+        return Response(LabelingProjectSerializer(project).data, status=status.HTTP_201_CREATED)
+
+
+class LabelingProjectDetail(LabelingProjectAPIView):
+    def get(self, request: Request, team: str, project_id: int) -> Response:
+        """The project, its progress and (with overlap) its agreement."""
+        project = self.project()
+        return Response(
+            {
+                **LabelingProjectSerializer(project).data,
+                "progress": selectors.labeling_project_progress(project),
+                "agreement": selectors.labeling_project_agreement(project),
+            }
+        )
+
+
+class LabelingProjectSync(LabelingProjectAPIView):
+    @extend_schema(request=None, responses={202: None})
+    def post(self, request: Request, team: str, project_id: int) -> Response:
+        services.labeling_project_sync_request(self.project())
+        return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)
+
+
+class LabelingProjectExport(LabelingProjectAPIView):
+    @extend_schema(request=ExportRequestSerializer, responses={202: ImportJobSerializer})
+    def post(self, request: Request, team: str, project_id: int) -> Response:
+        project = self.project()  # 404 before 400: another team's project does not exist
+        serializer = ExportRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job = _service_call(
+            services.labeling_project_export,
+            actor=request.user,
+            project=project,
+            **serializer.validated_data,
+        )
+        return Response(ImportJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
+class LabelingProjectPredictions(LabelingProjectAPIView):
+    @extend_schema(request=PredictionsRequestSerializer, responses={201: None})
+    def post(self, request: Request, team: str, project_id: int) -> Response:
+        """Pre-annotations: a model's predictions with scores, served least confident first."""
+        project = self.project()  # 404 before 400
+        serializer = PredictionsRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        count = _service_call(
+            services.labeling_project_preannotate,
+            project=project,
+            **serializer.validated_data,
+        )
+        return Response({"imported": count}, status=status.HTTP_201_CREATED)

@@ -126,3 +126,52 @@ class ImportJobSerializer(serializers.ModelSerializer):
             "created_at",
             "finished_at",
         ]
+
+
+class LabelingProjectSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(max_length=100)
+    dataset = serializers.IntegerField(source="source_version.dataset_id", read_only=True)
+    version = serializers.IntegerField(source="source_version.number", read_only=True)
+    labels = serializers.ListField(child=serializers.CharField(), read_only=True)
+    instructions = serializers.CharField(read_only=True)
+    overlap = serializers.IntegerField(read_only=True)
+    selection = serializers.CharField(read_only=True)
+    status = serializers.CharField(read_only=True)
+    error = serializers.CharField(read_only=True)
+    tasks_total = serializers.IntegerField(read_only=True)
+    tasks_pushed = serializers.IntegerField(read_only=True)
+    ls_project_id = serializers.IntegerField(read_only=True)
+    last_synced_at = serializers.DateTimeField(read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+
+
+class LabelingProjectCreateSerializer(serializers.Serializer):
+    dataset = serializers.IntegerField()
+    version = serializers.IntegerField()
+    name = serializers.CharField(max_length=100)
+    labels = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    instructions = serializers.CharField(required=False, allow_blank=True, default="")
+    overlap = serializers.IntegerField(min_value=1, max_value=10, default=1)
+    selection = serializers.ChoiceField(
+        choices=["all", "unlabeled", "sample", "split"], default="all"
+    )
+    sample_size = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    split = serializers.CharField(required=False, allow_blank=True, default="")
+    seed = serializers.IntegerField(default=42)
+
+
+class ExportRequestSerializer(serializers.Serializer):
+    rule = serializers.ChoiceField(choices=["majority", "reviewer", "drop"])
+    reviewer = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class PredictionSerializer(serializers.Serializer):
+    row = serializers.IntegerField(min_value=1)
+    value = serializers.DictField()
+    score = serializers.FloatField(min_value=0, max_value=1)
+
+
+class PredictionsRequestSerializer(serializers.Serializer):
+    model_version = serializers.CharField(max_length=100)
+    predictions = PredictionSerializer(many=True)

@@ -880,3 +880,61 @@ def _labeling_input(job: ImportJob, workdir: Path) -> Path:
                 row[label_field] = agreed[label_field]
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
+
+
+# -- Pre-annotation (the active-learning hook the deployment app calls) ----------------------
+
+
+def labeling_project_preannotate(
+    *, project: LabelingProject, predictions: list[dict], model_version: str
+) -> int:
+    """Import a model's predictions into the project's Label Studio tasks and have Label
+    Studio serve the least confident first.
+
+    ``predictions``: ``{"row": n, "value": {"label": …} | {"labels": […]} | {"entities": […]},
+    "score": 0..1}`` for rows of the source version. A prediction for a row that is not a task
+    of the project, or whose value does not fit the project's labels, is refused."""
+    from labeling.label_studio import client
+
+    if project.ls_project_id is None:
+        raise ValidationError(_("The project is not in Label Studio yet."))
+    schema = schema_for(project.source_version.dataset.task_kind)
+    tasks = dict(project.tasks.values_list("row", "ls_task_id"))
+    rows = _version_rows(project.source_version, {p["row"] for p in predictions})
+    payload = []
+    for p in predictions:
+        row_number = p["row"]
+        if row_number not in tasks:
+            raise ValidationError(
+                _("Row %(row)s is not a task of this project.") % {"row": row_number}
+            )
+        candidate = {**rows[row_number], **p["value"]}
+        # The same checks as an annotation: labels of the project, spans inside the text.
+        try:
+            schema.parse_ls_result(schema.ls_result(candidate), rows[row_number], project.labels)
+        except RowError as exc:
+            raise ValidationError(
+                _("Row %(row)s: %(error)s") % {"row": row_number, "error": exc.message}
+            ) from exc
+        payload.append(
+            {
+                "task": tasks[row_number],
+                "result": schema.ls_result(candidate),
+                "score": float(p["score"]),
+                "model_version": model_version,
+            }
+        )
+    ls = client()
+    ls.projects.import_predictions(id=project.ls_project_id, request=payload)
+    ls.projects.update(
+        id=project.ls_project_id, sampling="Uncertainty sampling", model_version=model_version
+    )
+    audit_record(
+        action="labeling_project.preannotate",
+        actor=None,
+        actor_username=model_version,
+        team=project.team,
+        target=project,
+        data={"predictions": len(payload), "model_version": model_version},
+    )
+    return len(payload)

@@ -50,4 +50,25 @@ urlpatterns = [
         name="api_upload_preview",
     ),
     path(A + "imports/<int:job_id>/", api.ImportDetail.as_view(), name="api_import"),
+    path(A + "labeling-projects/", api.LabelingProjectListCreate.as_view(), name="api_projects"),
+    path(
+        A + "labeling-projects/<int:project_id>/",
+        api.LabelingProjectDetail.as_view(),
+        name="api_project",
+    ),
+    path(
+        A + "labeling-projects/<int:project_id>/sync/",
+        api.LabelingProjectSync.as_view(),
+        name="api_project_sync",
+    ),
+    path(
+        A + "labeling-projects/<int:project_id>/export/",
+        api.LabelingProjectExport.as_view(),
+        name="api_project_export",
+    ),
+    path(
+        A + "labeling-projects/<int:project_id>/predictions/",
+        api.LabelingProjectPredictions.as_view(),
+        name="api_project_predictions",
+    ),
 ]

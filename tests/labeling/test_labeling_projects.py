@@ -149,3 +149,90 @@ def test_console_creates_a_project_and_shows_its_progress(client, owner, team, d
     assert 'data-testid="open-ls"' in page
     listing = client.get(f"/t/{team.slug}/labeling/").content.decode()
     assert "第二轮" in listing
+
+
+def test_preannotations_go_to_label_studio_least_confident_first(owner, dataset):
+    version = make_version(dataset, owner)
+    project = push(owner, version)
+    predictions = [
+        {"row": 1, "value": {"label": "正面"}, "score": 0.95},
+        {"row": 2, "value": {"label": "负面"}, "score": 0.51},
+        {"row": 3, "value": {"label": "正面"}, "score": 0.70},
+    ]
+    assert (
+        services.labeling_project_preannotate(
+            project=project, predictions=predictions, model_version="ernie-tiny-v3"
+        )
+        == 3
+    )
+    ls = label_studio.client()
+    stored = ls.projects.get(id=project.ls_project_id)
+    assert stored.sampling == "Uncertainty sampling"
+    scores = {}
+    for task in ls_tasks(project):
+        for p in task.predictions:
+            data = p.model_dump() if hasattr(p, "model_dump") else p
+            if data["model_version"] == "ernie-tiny-v3":
+                scores[task.data["platform_row"]] = data["score"]
+    assert scores == {1: 0.95, 2: 0.51, 3: 0.70}
+    with pytest.raises(ValidationError, match="Unknown label"):
+        services.labeling_project_preannotate(
+            project=project,
+            predictions=[{"row": 1, "value": {"label": "中性"}, "score": 0.5}],
+            model_version="bad",
+        )
+    with pytest.raises(ValidationError, match="not a task"):
+        services.labeling_project_preannotate(
+            project=project,
+            predictions=[{"row": 99, "value": {"label": "正面"}, "score": 0.5}],
+            model_version="bad",
+        )
+
+
+def test_labeling_projects_through_the_api(owner, team, dataset):
+    from rest_framework.test import APIClient
+
+    version = make_version(dataset, owner)
+    api = APIClient()
+    api.force_authenticate(owner)
+    base = f"/api/v1/teams/{team.slug}/labeling-projects/"
+    created = api.post(
+        base,
+        {"dataset": dataset.pk, "version": version.number, "name": "接口", "overlap": 2},
+        format="json",
+    )
+    assert created.status_code == 201 and created.json()["status"] == "creating"
+    project_id = created.json()["id"]
+    services.labeling_project_push(project_id)
+    detail = api.get(f"{base}{project_id}/").json()
+    assert detail["status"] == "ready" and detail["progress"]["total"] == 3
+    ls = label_studio.client()
+    project = LabelingProject.objects.get(pk=project_id)
+    first = project.tasks.get(row=1).ls_task_id
+    ls.annotations.create(
+        id=first,
+        result=[
+            {
+                "from_name": "label",
+                "to_name": "text",
+                "type": "choices",
+                "value": {"choices": ["负面"]},
+            }
+        ],
+    )
+    services.labeling_project_sync(project_id)
+    assert api.get(f"{base}{project_id}/").json()["progress"]["annotations"] == 1
+    exported = api.post(f"{base}{project_id}/export/", {"rule": "majority"}, format="json")
+    assert exported.status_code == 202
+    job = services.import_run(exported.json()["id"])
+    assert job.version.row_count == 3
+    bad = api.post(
+        f"{base}{project_id}/predictions/",
+        {
+            "model_version": "m",
+            "predictions": [{"row": 1, "value": {"label": "中性"}, "score": 0.3}],
+        },
+        format="json",
+        HTTP_ACCEPT_LANGUAGE="en",
+    )
+    assert bad.status_code == 400 and "中性" in str(bad.json())
