@@ -938,3 +938,12 @@ def labeling_project_preannotate(
         data={"predictions": len(payload), "model_version": model_version},
     )
     return len(payload)
+
+
+def labeling_projects_to_push() -> list[int]:
+    """Projects whose push gave up (Label Studio was down too long): pushed again."""
+    return list(
+        LabelingProject.objects.filter(status=LabelingProject.Status.FAILED).values_list(
+            "pk", flat=True
+        )
+    )

@@ -49,6 +49,9 @@ def sync_labeling_project(project_id: int) -> None:
 
 @shared_task
 def reconcile_labeling_projects() -> None:
-    """Scheduled by beat: sync every ready project, so a missed webhook loses nothing."""
+    """Scheduled by beat: sync every ready project, so a missed webhook loses nothing, and push
+    again the projects whose push gave up while Label Studio was down."""
     for project_id in services.labeling_projects_to_reconcile():
         sync_labeling_project.delay(project_id)
+    for project_id in services.labeling_projects_to_push():
+        push_labeling_project.delay(project_id)

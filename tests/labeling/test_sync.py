@@ -163,3 +163,56 @@ def test_reconciliation_gets_what_no_webhook_announced(project, settings):
     finally:
         app.conf.task_always_eager = False
     assert Annotation.objects.filter(project=project, valid=True).count() == 3
+
+
+def test_label_studio_down_mid_sync_loses_nothing(project, settings):
+    """Label Studio unreachable: the sync fails as a whole and changes nothing; once it is
+    back, the next sync takes in everything."""
+    import httpx
+
+    from labeling.label_studio import _client
+
+    ls = label_studio.client()
+    ids = task_ids(project)
+    ls.annotations.create(id=ids[1], result=choice("正面"))
+    services.labeling_project_sync(project.pk)
+    ls.annotations.create(id=ids[2], result=choice("负面"))
+    up = settings.LABEL_STUDIO_URL
+    settings.LABEL_STUDIO_URL = "http://127.0.0.1:9"  # nothing listens there: "down"
+    _client.cache_clear()
+    with pytest.raises(httpx.ConnectError):
+        services.labeling_project_sync(project.pk)
+    assert Annotation.objects.filter(project=project).count() == 1
+    settings.LABEL_STUDIO_URL = up
+    assert services.labeling_project_sync(project.pk)["created"] == 1
+    assert Annotation.objects.filter(project=project).count() == 2
+
+
+def test_push_while_label_studio_is_down_says_so_and_retries(owner, team, settings):
+    from labeling.label_studio import _client
+    from labeling.models import LabelingProject
+    from labeling.tasks import push_labeling_project
+
+    dataset = services.dataset_create(
+        actor=owner,
+        team=team,
+        name="重试",
+        task_kind="text_classification",
+        labels=["正面", "负面"],
+    )
+    version = make_version(dataset, owner)
+    project = services.labeling_project_create(actor=owner, version=version, name="等待")
+    up = settings.LABEL_STUDIO_URL
+    settings.LABEL_STUDIO_URL = "http://127.0.0.1:9"
+    _client.cache_clear()
+    # Run in this process, the task's retries follow at once; a worker spaces them out.
+    assert push_labeling_project.apply(args=[project.pk]).state == "FAILURE"
+    project.refresh_from_db()
+    assert project.status == LabelingProject.Status.FAILED
+    assert project.error.startswith("Label Studio:")
+    # The reconciliation pushes failed projects again; Label Studio is back.
+    settings.LABEL_STUDIO_URL = up
+    assert services.labeling_projects_to_push() == [project.pk]
+    assert push_labeling_project.apply(args=[project.pk]).state == "SUCCESS"
+    project.refresh_from_db()
+    assert project.status == "ready" and project.error == "" and project.tasks_pushed == 3
