@@ -947,3 +947,35 @@ def labeling_projects_to_push() -> list[int]:
             "pk", flat=True
         )
     )
+
+
+@transaction.atomic
+def labeling_project_set_labels(
+    *, actor: AbstractBaseUser, project: LabelingProject, labels: Iterable[str]
+) -> LabelingProject:
+    """Change the label set; only before the first annotation (later it would silently
+    invalidate work done)."""
+    from labeling.label_studio import client
+
+    labels = _clean_labels(labels)
+    if not labels:
+        raise ValidationError(_("Give the labels the annotators choose from."))
+    if project.annotations.exists():
+        raise ValidationError(_("The labels are fixed once the first annotation exists."))
+    if project.ls_project_id is not None:
+        ls = client()
+        if ls.projects.get(id=project.ls_project_id).total_annotations_number:
+            raise ValidationError(_("The labels are fixed once the first annotation exists."))
+        schema = schema_for(project.source_version.dataset.task_kind)
+        ls.projects.update(id=project.ls_project_id, label_config=schema.label_config(labels))
+    old = project.labels
+    project.labels = labels
+    project.save(update_fields=["labels"])
+    audit_record(
+        action="labeling_project.labels",
+        actor=actor,
+        team=project.team,
+        target=project,
+        data={"from": old, "to": labels},
+    )
+    return project

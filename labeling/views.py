@@ -2,6 +2,7 @@
 versions with statistics, rows, report, downloads, compare, merge."""
 
 import itertools
+import re
 
 from django.conf import settings
 from django.contrib import messages
@@ -295,6 +296,15 @@ def project_create(request: HttpRequest, dataset_id: int, number: int) -> HttpRe
 @team_view(read=Perm.TEAM_VIEW, write=Perm.LABELING_MANAGE)
 def project(request: HttpRequest, project_id: int) -> HttpResponse:
     p = selectors.labeling_project_get(request.team, project_id)
+    if request.method == "POST" and "labels" in request.POST:
+        try:
+            services.labeling_project_set_labels(
+                actor=request.user, project=p, labels=re.split(r"[,，\n]", request.POST["labels"])
+            )
+            messages.success(request, _("Labels changed."))
+        except ValidationError as exc:
+            messages.error(request, _error_text(exc))
+        return redirect("labeling:project", team=request.team.slug, project_id=p.pk)
     form = ExportForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:

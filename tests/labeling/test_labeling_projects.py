@@ -236,3 +236,26 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
         HTTP_ACCEPT_LANGUAGE="en",
     )
     assert bad.status_code == 400 and "中性" in str(bad.json())
+
+
+def test_labels_are_editable_until_the_first_annotation(owner, dataset):
+    project = push(owner, make_version(dataset, owner))
+    services.labeling_project_set_labels(actor=owner, project=project, labels=["好评", "差评"])
+    ls = label_studio.client()
+    assert "好评" in ls.projects.get(id=project.ls_project_id).label_config
+    task_id = project.tasks.first().ls_task_id
+    ls.annotations.create(
+        id=task_id,
+        result=[
+            {
+                "from_name": "label",
+                "to_name": "text",
+                "type": "choices",
+                "value": {"choices": ["好评"]},
+            }
+        ],
+    )
+    with pytest.raises(ValidationError, match="fixed once the first annotation"):
+        services.labeling_project_set_labels(actor=owner, project=project, labels=["x"])
+    project.refresh_from_db()
+    assert project.labels == ["好评", "差评"]
