@@ -199,6 +199,10 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # (its token is written to the token file once Label Studio is up).
 LABEL_STUDIO_URL = os.environ.get("LABEL_STUDIO_URL", "").rstrip("/")
 LABEL_STUDIO_TOKEN = os.environ.get("LABEL_STUDIO_TOKEN", "")
+# Annotators' Label Studio accounts are u<id>@ this domain.
+LABEL_STUDIO_ACCOUNT_DOMAIN = os.environ.get(
+    "LABEL_STUDIO_ACCOUNT_DOMAIN", "annotators.platform.local"
+)
 # The platform's own URL as Label Studio reaches it, for webhooks.
 PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
 LABEL_STUDIO_TOKEN_FILE = Path(

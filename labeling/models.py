@@ -255,3 +255,18 @@ class Annotation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} annotation {self.ls_annotation_id}"
+
+
+class LabelStudioAccount(models.Model):
+    """The Label Studio user that stands for a platform user. Its password is derived from the
+    platform's secret (never stored); the user never sees it: the platform logs them in."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="label_studio_account"
+    )
+    ls_user_id = models.PositiveIntegerField(unique=True)
+    email = models.CharField(max_length=254, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.email

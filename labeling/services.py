@@ -32,6 +32,7 @@ from labeling.models import (
     ImportJob,
     LabelingProject,
     LabelingTask,
+    LabelStudioAccount,
     Upload,
 )
 from labeling.readers import ENCODINGS, FORMATS, FileError
@@ -697,7 +698,10 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
                 continue
             ls_items.append((task, item))
     rows = _version_rows(project.source_version, {task.row for task, _item in ls_items})
-    emails: dict[int, str] = {}
+    # Annotators with a platform account are named by it; others by their Label Studio e-mail.
+    emails: dict[int, str] = dict(
+        LabelStudioAccount.objects.values_list("ls_user_id", "user__username")
+    )
 
     def email_of(user_id) -> str:
         if not isinstance(user_id, int):
@@ -731,7 +735,7 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
             # Label Studio gives the annotator as an id, or as {"id", "email", …} in task lists.
             who = item.get("completed_by")
             who_id = who.get("id") if isinstance(who, dict) else who
-            who_name = who.get("email") if isinstance(who, dict) else email_of(who_id)
+            who_name = email_of(who_id) if isinstance(who_id, int) else ""
             fields = {
                 "task": task,
                 "annotator_ls_id": who_id if isinstance(who_id, int) else None,

@@ -25,6 +25,7 @@ urlpatterns = [
     path(T + "imports/<int:job_id>/", views.import_job, name="import_job"),
     path(T + "labeling/", views.projects, name="projects"),
     path(T + "labeling/<int:project_id>/", views.project, name="project"),
+    path(T + "labeling/<int:project_id>/open/", views.project_open, name="project_open"),
     path(V + "label/", views.project_create, name="project_create"),
     path(
         "hooks/label-studio/<int:project_id>/<str:secret>/",

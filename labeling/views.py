@@ -4,6 +4,7 @@ versions with statistics, rows, report, downloads, compare, merge."""
 import itertools
 import re
 
+import httpx
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -16,7 +17,7 @@ from django.views.decorators.http import require_POST
 
 from console.permissions import team_view
 from console.roles import Perm, role_allows
-from labeling import selectors, services
+from labeling import label_studio, selectors, services
 from labeling.forms import DatasetForm, ExportForm, ImportForm, LabelingProjectForm
 from labeling.models import ImportJob
 from labeling.pipeline import LENGTH_BINS, SPLITS
@@ -253,6 +254,24 @@ def merge(request: HttpRequest, dataset_id: int) -> HttpResponse:
         messages.error(request, _error_text(exc))
         return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
     return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
+
+
+@team_view(read=Perm.ANNOTATE)
+def project_open(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Into Label Studio's labeling page, logged in as the user's own Label Studio account:
+    the user never handles a Label Studio password or token."""
+    p = selectors.labeling_project_get(request.team, project_id)
+    if p.ls_project_id is None:
+        raise Http404("The project is not in Label Studio yet.")
+    try:
+        session = label_studio.login_session(request.user)
+    except (label_studio.NotConfigured, httpx.HTTPError) as exc:
+        messages.error(request, _("Label Studio is not reachable: %(error)s") % {"error": exc})
+        return redirect("labeling:project", team=request.team.slug, project_id=p.pk)
+    response = redirect(f"{settings.LABEL_STUDIO_URL}/projects/{p.ls_project_id}/data?labeling=1")
+    # Cookies ignore ports: set on the host that serves both, Label Studio's session reaches it.
+    response.set_cookie(label_studio.SESSION_COOKIE, session, httponly=True, samesite="Lax")
+    return response
 
 
 @csrf_exempt  # called by Label Studio, authenticated by the secret in its URL

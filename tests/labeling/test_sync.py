@@ -216,3 +216,50 @@ def test_push_while_label_studio_is_down_says_so_and_retries(owner, team, settin
     assert push_labeling_project.apply(args=[project.pk]).state == "SUCCESS"
     project.refresh_from_db()
     assert project.status == "ready" and project.error == "" and project.tasks_pushed == 3
+
+
+def test_an_annotator_labels_as_themself_without_a_label_studio_password(
+    client, make_user, team, project
+):
+    """The console's hand-off: the platform logs the annotator into their own Label Studio
+    account; what they annotate there is attributed to them."""
+    import httpx
+
+    from console.models import Membership
+
+    annotator = make_user("xiaoli")
+    Membership.objects.create(team=team, user=annotator, role="annotator")
+    client.force_login(annotator)
+    response = client.get(f"/t/{team.slug}/labeling/{project.pk}/open/")
+    assert response.status_code == 302
+    assert response["Location"].endswith(f"/projects/{project.ls_project_id}/data?labeling=1")
+    session = response.cookies["sessionid"].value
+    base = label_studio.settings.LABEL_STUDIO_URL
+    with httpx.Client(base_url=base, cookies={"sessionid": session}) as browser:
+        me = browser.get("/api/current-user/whoami").json()
+        assert me["email"] == f"u{annotator.pk}@annotators.platform.local"
+        assert me["first_name"] == "xiaoli"
+        browser.get("/projects/")  # Label Studio sets its CSRF cookie on a page
+        made = browser.post(
+            f"/api/tasks/{task_ids(project)[1]}/annotations/",
+            json={"result": choice("正面")},
+            headers={
+                "X-CSRFToken": browser.cookies.get("csrftoken", ""),
+                "Referer": f"{base}/projects/",
+            },
+        )
+        assert made.status_code == 201, made.text
+    services.labeling_project_sync(project.pk)
+    assert Annotation.objects.get(project=project).annotator == "xiaoli"
+    # The second visit logs in to the same account.
+    again = client.get(f"/t/{team.slug}/labeling/{project.pk}/open/")
+    assert again.status_code == 302 and again.cookies["sessionid"].value
+
+
+def test_viewers_cannot_open_label_studio(client, make_user, team, project):
+    from console.models import Membership
+
+    viewer = make_user("guest")
+    Membership.objects.create(team=team, user=viewer, role="viewer")
+    client.force_login(viewer)
+    assert client.get(f"/t/{team.slug}/labeling/{project.pk}/open/").status_code == 403
