@@ -26,7 +26,8 @@ from console.serializers import (
 )
 
 
-def _service_call(fn, **kwargs):
+def service_call(fn, **kwargs):
+    """Call a service; its ValidationError becomes a 400 with the messages (apps' APIs too)."""
     try:
         return fn(**kwargs)
     except DjangoValidationError as exc:
@@ -56,7 +57,7 @@ class TokenListCreate(generics.ListCreateAPIView):
     def post(self, request: Request) -> Response:
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        token, key = _service_call(
+        token, key = service_call(
             services.api_token_create, actor=request.user, name=serializer.validated_data["name"]
         )
         token.key = key
@@ -84,7 +85,7 @@ class TeamListCreate(generics.ListCreateAPIView):
         return {**super().get_serializer_context(), "roles": roles}
 
     def perform_create(self, serializer: TeamSerializer) -> None:
-        team = _service_call(
+        team = service_call(
             services.team_create, actor=self.request.user, name=serializer.validated_data["name"]
         )
         serializer.context["roles"][team.pk] = "owner"
@@ -113,7 +114,7 @@ class MemberListCreate(APIView):
     def post(self, request: Request, team: str) -> Response:
         serializer = InviteSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        membership = _service_call(
+        membership = service_call(
             services.membership_add,
             actor=request.user,
             team=request.team,
@@ -136,7 +137,7 @@ class MemberDetail(APIView):
         membership = selectors.team_membership_get(request.team, membership_id)
         serializer = RoleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        membership = _service_call(
+        membership = service_call(
             services.membership_change_role,
             actor=request.user,
             membership=membership,
@@ -147,7 +148,7 @@ class MemberDetail(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, team: str, membership_id: int) -> Response:
         membership = selectors.team_membership_get(request.team, membership_id)
-        _service_call(services.membership_remove, actor=request.user, membership=membership)
+        service_call(services.membership_remove, actor=request.user, membership=membership)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

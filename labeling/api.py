@@ -3,7 +3,6 @@
 import re
 from dataclasses import asdict
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.files.storage import default_storage
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -13,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api import service_call
 from console.permissions import TeamPermission
 from console.roles import Perm
 from labeling import selectors, services
@@ -29,13 +29,6 @@ from labeling.serializers import (
     UploadSerializer,
     VersionSerializer,
 )
-
-
-def _service_call(fn, **kwargs):
-    try:
-        return fn(**kwargs)
-    except DjangoValidationError as exc:
-        raise ValidationError({"detail": exc.messages}) from exc
 
 
 class DatasetAPIView(APIView):
@@ -59,7 +52,7 @@ class DatasetListCreate(DatasetAPIView):
     def post(self, request: Request, team: str) -> Response:
         serializer = DatasetCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        dataset = _service_call(
+        dataset = service_call(
             services.dataset_create,
             actor=request.user,
             team=request.team,
@@ -75,7 +68,7 @@ class DatasetDetail(DatasetAPIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, team: str, dataset_id: int) -> Response:
-        _service_call(services.dataset_delete, actor=request.user, dataset=self.dataset())
+        service_call(services.dataset_delete, actor=request.user, dataset=self.dataset())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -85,7 +78,7 @@ class UploadCreate(DatasetAPIView):
         """Start a chunked upload: declare the file's name and size, then PUT its bytes."""
         serializer = UploadSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        upload = _service_call(
+        upload = service_call(
             services.upload_create,
             actor=request.user,
             team=request.team,
@@ -129,7 +122,7 @@ class UploadDetail(DatasetAPIView):
         else:
             start = 0
         try:
-            upload = _service_call(
+            upload = service_call(
                 services.upload_write_chunk,
                 upload=upload,
                 offset=start,
@@ -192,7 +185,7 @@ class ImportCreate(DatasetAPIView):
                 "seed",
             )
         }
-        job = _service_call(
+        job = service_call(
             services.import_start,
             actor=request.user,
             dataset=dataset,
@@ -218,7 +211,7 @@ class Merge(DatasetAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         versions = list(dataset.versions.filter(number__in=data.pop("versions")))
-        job = _service_call(
+        job = service_call(
             services.version_merge,
             actor=request.user,
             dataset=dataset,
@@ -332,7 +325,7 @@ class LabelingProjectListCreate(LabelingProjectAPIView):
         data = serializer.validated_data
         dataset = selectors.dataset_get(request.team, data.pop("dataset"))
         version = selectors.version_get(dataset, data.pop("version"))
-        project = _service_call(
+        project = service_call(
             services.labeling_project_create, actor=request.user, version=version, **data
         )
         return Response(LabelingProjectSerializer(project).data, status=status.HTTP_201_CREATED)
@@ -364,7 +357,7 @@ class LabelingProjectExport(LabelingProjectAPIView):
         project = self.project()  # 404 before 400: another team's project does not exist
         serializer = ExportRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        job = _service_call(
+        job = service_call(
             services.labeling_project_export,
             actor=request.user,
             project=project,
@@ -380,7 +373,7 @@ class LabelingProjectPredictions(LabelingProjectAPIView):
         project = self.project()  # 404 before 400
         serializer = PredictionsRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        count = _service_call(
+        count = service_call(
             services.labeling_project_preannotate,
             project=project,
             **serializer.validated_data,

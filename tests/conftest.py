@@ -1,3 +1,4 @@
+import io
 import os
 import subprocess
 import sys
@@ -33,45 +34,59 @@ def make_team(db):
     return make
 
 
-def make_version(dataset, owner, rows: list[list[str]] | None = None):
-    """A dataset version made by the real import path (upload, import job, pipeline)."""
-    import csv
-    import io
+def import_file(dataset, owner, data: bytes, fmt: str = "csv", mapping: dict | None = None):
+    """Upload ``data`` and import it by the real path (upload, import job, pipeline); the job
+    when it has finished."""
+    from django.db import connection
 
     from labeling import services
+    from labeling.task_kinds import schema_for
 
-    buf = io.StringIO()
-    rows = rows or [["text", "label"], ["很好", "正面"], ["很差", "负面"], ["一般", "正面"]]
-    csv.writer(buf, lineterminator="\n").writerows(rows)
-    data = buf.getvalue().encode()
     upload = services.upload_create(
-        actor=owner, team=dataset.team, filename="d.csv", size=len(data)
+        actor=owner, team=dataset.team, filename=f"d.{fmt}", size=len(data)
     )
     services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
     upload.refresh_from_db()
-    from labeling.task_kinds import schema_for
-
-    mapping = schema_for(dataset.task_kind).propose_mapping(rows[0])
+    if mapping is None:
+        header = data.decode().splitlines()[0].split(",")
+        mapping = schema_for(dataset.task_kind).propose_mapping(header)
     job = services.import_start(
         actor=owner,
         dataset=dataset,
         upload=upload,
-        fmt="csv",
+        fmt=fmt,
         encoding="utf-8",
         options={"mapping": mapping},
     )
-    from django.db import connection
-
     if connection.in_atomic_block:
         # A `db` test: on-commit callbacks never run, so run the import as the task would.
-        job = services.import_run(job.pk)
-    else:
-        # A transactional test: the import was queued at commit; the suite's worker runs it.
-        deadline = time.monotonic() + 60
-        while job.status not in ("succeeded", "failed"):
-            assert time.monotonic() < deadline, "the worker did not run the import"
-            time.sleep(0.2)
-            job.refresh_from_db()
+        return services.import_run(job.pk)
+    # A transactional test: the import was queued at commit; the suite's worker runs it.
+    deadline = time.monotonic() + 60
+    while job.status not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, "the worker did not run the import"
+        time.sleep(0.2)
+        job.refresh_from_db()
+    return job
+
+
+def make_version(dataset, owner, rows: list[list[str]] | None = None):
+    """A dataset version of CSV ``rows`` (header first), made by the real import path."""
+    import csv
+
+    buf = io.StringIO()
+    rows = rows or [["text", "label"], ["很好", "正面"], ["很差", "负面"], ["一般", "正面"]]
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    job = import_file(dataset, owner, buf.getvalue().encode())
+    assert job.version is not None, job.error
+    return job.version
+
+
+def make_jsonl_version(dataset, owner, records: list[dict], mapping: dict):
+    import json
+
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    job = import_file(dataset, owner, data, fmt="jsonl", mapping=mapping)
     assert job.version is not None, job.error
     return job.version
 

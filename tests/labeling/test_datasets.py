@@ -13,7 +13,7 @@ from console.models import AuditEvent, Membership
 from console.roles import Role
 from labeling import services
 from labeling.models import DatasetVersion, ImportJob, Upload
-from tests.conftest import make_version
+from tests.conftest import import_file, make_version
 
 GBK_CSV = "评论,标签\n房间很干净,正面\n早餐太差,负面\n服务热情,正面\n服务热情,正面\n,负面\n".encode(
     "gbk"
@@ -157,41 +157,13 @@ def test_import_makes_a_version_with_report_stats_and_lineage(api, team, dataset
 
 def test_identical_content_makes_no_new_version(owner, dataset):
     first = make_version(dataset, owner)
-    data = "text,label\n很好,正面\n很差,负面\n一般,正面\n".encode()
-    upload = services.upload_create(
-        actor=owner, team=dataset.team, filename="again.csv", size=len(data)
-    )
-    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
-    upload.refresh_from_db()
-    job = services.import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="csv",
-        encoding="utf-8",
-        options={"mapping": {"text": "text", "label": "label"}},
-    )
-    job = services.import_run(job.pk)
+    job = import_file(dataset, owner, "text,label\n很好,正面\n很差,负面\n一般,正面\n".encode())
     assert job.status == "succeeded" and job.version is None and job.identical_to == first
     assert dataset.versions.count() == 1
 
 
 def test_failed_import_keeps_its_report_and_says_why(owner, dataset):
-    data = "text,label\n好,中性\n".encode()
-    upload = services.upload_create(
-        actor=owner, team=dataset.team, filename="bad.csv", size=len(data)
-    )
-    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
-    upload.refresh_from_db()
-    job = services.import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="csv",
-        encoding="utf-8",
-        options={"mapping": {"text": "text", "label": "label"}},
-    )
-    job = services.import_run(job.pk)
+    job = import_file(dataset, owner, "text,label\n好,中性\n".encode())
     assert job.status == ImportJob.Status.FAILED and "No valid row" in job.error
     with default_storage.open(job.report_file, "rb") as f:
         entry = json.loads(f.readline())

@@ -1,14 +1,12 @@
 """Labeling projects against the real Label Studio: creation per task kind, the push of tasks
 with existing labels as predictions, row selections, and the guard on deleting a dataset."""
 
-import json
-
 import pytest
 from django.core.exceptions import ValidationError
 
 from labeling import label_studio, services
 from labeling.models import LabelingProject
-from tests.conftest import make_version
+from tests.conftest import make_jsonl_version, make_version
 from tests.labeling.test_label_studio import needs_label_studio
 
 pytestmark = needs_label_studio
@@ -93,23 +91,9 @@ def test_other_kinds_push(owner, team, kind, header, row, result_type):
 
 
 def test_ner_spans_become_predictions(owner, team):
-    import io
-
     dataset = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
     line = {"text": "张三在北京工作", "entities": [{"start": 0, "end": 2, "label": "PER"}]}
-    data = (json.dumps(line, ensure_ascii=False) + "\n").encode()
-    upload = services.upload_create(actor=owner, team=team, filename="n.jsonl", size=len(data))
-    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
-    upload.refresh_from_db()
-    job = services.import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="jsonl",
-        encoding="utf-8",
-        options={"mapping": {"text": "text", "entities": "entities"}},
-    )
-    version = services.import_run(job.pk).version
+    version = make_jsonl_version(dataset, owner, [line], {"text": "text", "entities": "entities"})
     project = push(owner, version, labels=["PER", "LOC"])
     (task,) = ls_tasks(project)
     value = first_prediction(task)["value"]

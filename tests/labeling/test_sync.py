@@ -5,7 +5,7 @@ import pytest
 
 from labeling import label_studio, services
 from labeling.models import Annotation
-from tests.conftest import make_version
+from tests.conftest import make_jsonl_version, make_version
 from tests.labeling.test_label_studio import needs_label_studio
 
 pytestmark = needs_label_studio
@@ -61,25 +61,8 @@ def test_sync_takes_in_created_changed_and_deleted_annotations(project):
 
 
 def test_ner_annotations_are_checked_against_the_text(owner, team):
-    import io
-    import json
-
     dataset = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
-    data = (
-        json.dumps({"text": "张三在北京工作", "entities": []}, ensure_ascii=False) + "\n"
-    ).encode()
-    upload = services.upload_create(actor=owner, team=team, filename="n.jsonl", size=len(data))
-    services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
-    upload.refresh_from_db()
-    job = services.import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="jsonl",
-        encoding="utf-8",
-        options={"mapping": {"text": "text"}},
-    )
-    version = services.import_run(job.pk).version
+    version = make_jsonl_version(dataset, owner, [{"text": "张三在北京工作"}], {"text": "text"})
     project = services.labeling_project_push(
         services.labeling_project_create(
             actor=owner, version=version, name="实体标注", labels=["PER", "LOC"]
