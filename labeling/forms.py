@@ -115,4 +115,4 @@ class ExportForm(forms.Form):
             ("drop", _("drop the row")),
         ],
     )
-    reviewer = forms.CharField(label=_("Reviewer (Label Studio e-mail)"), required=False)
+    reviewer = forms.CharField(label=_("Reviewer (username)"), required=False)

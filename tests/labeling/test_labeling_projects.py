@@ -243,3 +243,13 @@ def test_labels_are_editable_until_the_first_annotation(owner, dataset):
         services.labeling_project_set_labels(actor=owner, project=project, labels=["x"])
     project.refresh_from_db()
     assert project.labels == ["好评", "差评"]
+
+
+def test_ten_thousand_tasks_are_pushed(owner, dataset):
+    rows = [["text", "label"]] + [
+        [f"第{i}条评论，服务不错", "正面" if i % 3 else ""] for i in range(10_000)
+    ]
+    project = push(owner, make_version(dataset, owner, rows))
+    assert project.tasks_pushed == project.tasks_total == 10_000
+    assert label_studio.client().projects.get(id=project.ls_project_id).task_number == 10_000
+    assert project.tasks.values("ls_task_id").distinct().count() == 10_000
