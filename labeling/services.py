@@ -403,50 +403,36 @@ def _save_report(job: ImportJob, report: Path) -> str:
     return _store(report, f"{_team_prefix(job.team)}/imports/{job.pk}/report.jsonl")
 
 
-def _import_failed(job: ImportJob, message: str, report: Path) -> ImportJob:
-    ImportJob.objects.filter(pk=job.pk).update(
-        status=ImportJob.Status.FAILED,
-        error=message,
-        report_file=_save_report(job, report),
-        finished_at=timezone.now(),
-    )
+def _import_finish(job: ImportJob, status: str, **fields) -> ImportJob:
+    ImportJob.objects.filter(pk=job.pk).update(status=status, finished_at=timezone.now(), **fields)
     job.refresh_from_db()
     return job
 
 
+def _import_failed(job: ImportJob, message: str, report: Path) -> ImportJob:
+    return _import_finish(
+        job, ImportJob.Status.FAILED, error=message, report_file=_save_report(job, report)
+    )
+
+
 def _import_succeeded(job: ImportJob, result: pipeline.ImportResult) -> ImportJob:
-    dataset = job.dataset
-    identical = dataset.versions.filter(content_hash=result.content_hash).first()
-    report_file = _save_report(job, result.report_path)
+    done = {
+        "report_file": _save_report(job, result.report_path),
+        "rows_read": result.rows + result.rejected,
+        "bytes_read": job.bytes_total,
+    }
+    identical = job.dataset.versions.filter(content_hash=result.content_hash).first()
     if identical is not None:
-        ImportJob.objects.filter(pk=job.pk).update(
-            status=ImportJob.Status.SUCCEEDED,
-            identical_to=identical,
-            report_file=report_file,
-            rows_read=result.rows + result.rejected,
-            bytes_read=job.bytes_total,
-            finished_at=timezone.now(),
-        )
-        job.refresh_from_db()
-        return job
+        return _import_finish(job, ImportJob.Status.SUCCEEDED, identical_to=identical, **done)
     for _attempt in range(3):
         try:
-            version = _version_create(job, result, report_file)
+            version = _version_create(job, result, done["report_file"])
             break
         except IntegrityError:  # another import took the number: take the next
             continue
     else:
         raise RuntimeError("could not number the new version")
-    ImportJob.objects.filter(pk=job.pk).update(
-        status=ImportJob.Status.SUCCEEDED,
-        version=version,
-        report_file=report_file,
-        rows_read=result.rows + result.rejected,
-        bytes_read=job.bytes_total,
-        finished_at=timezone.now(),
-    )
-    job.refresh_from_db()
-    return job
+    return _import_finish(job, ImportJob.Status.SUCCEEDED, version=version, **done)
 
 
 @transaction.atomic
