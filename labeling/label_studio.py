@@ -47,20 +47,35 @@ def client() -> LabelStudio:
     return _client(settings.LABEL_STUDIO_URL, token())
 
 
+def _waiting() -> str:
+    """What waits for Label Studio: projects not pushed yet."""
+    from django.db import DatabaseError
+
+    from labeling.models import LabelingProject
+
+    try:
+        n = LabelingProject.objects.exclude(status=LabelingProject.Status.READY).count()
+    except DatabaseError:  # the database has its own health line
+        return ""
+    return _(" · %(n)d labeling project(s) waiting to be pushed") % {"n": n} if n else ""
+
+
 def check_health() -> Check:
-    """Label Studio answers, and accepts the platform's token."""
+    """Label Studio answers, and accepts the platform's token; when not, what waits for it."""
     name = "labelstudio"
     if not settings.LABEL_STUDIO_URL:
-        return Check(name, False, _("LABEL_STUDIO_URL is not set."))
+        return Check(name, False, _("LABEL_STUDIO_URL is not set.") + _waiting())
     try:
         response = httpx.get(f"{settings.LABEL_STUDIO_URL}/health", timeout=2)
         if response.status_code != 200:
-            return Check(name, False, f"{settings.LABEL_STUDIO_URL}: HTTP {response.status_code}")
+            return Check(
+                name, False, f"{settings.LABEL_STUDIO_URL}: HTTP {response.status_code}{_waiting()}"
+            )
         version = client().versions.get()
     except NotConfigured as exc:
-        return Check(name, False, str(exc))
-    except Exception as exc:
-        return Check(name, False, f"{settings.LABEL_STUDIO_URL}: {exc}")
+        return Check(name, False, str(exc) + _waiting())
+    except Exception as exc:  # down, refused, token rejected…: any failure is the answer
+        return Check(name, False, f"{settings.LABEL_STUDIO_URL}: {exc}{_waiting()}")
     release = getattr(version, "release", None) or ""
     return Check(name, True, f"Label Studio {release} · {settings.LABEL_STUDIO_URL}".strip())
 

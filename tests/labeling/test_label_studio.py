@@ -51,11 +51,21 @@ def test_label_configs_escape_labels_and_give_hotkeys():
 
 
 @override_settings(LABEL_STUDIO_URL="http://127.0.0.1:1", LABEL_STUDIO_TOKEN="x")
-def test_label_studio_down_is_reported():
+def test_label_studio_down_is_reported_with_what_waits(owner, team):
+    from labeling import services
+    from tests.conftest import make_version
+
     check = label_studio.check_health()
-    assert not check.ok and "127.0.0.1:1" in check.detail
+    assert not check.ok and "127.0.0.1:1" in check.detail and "waiting" not in check.detail
+    dataset = services.dataset_create(actor=owner, team=team, name="d", task_kind="ner")
+    version = make_version(dataset, owner, [["text"], ["张三"]])
+    services.labeling_project_create(actor=owner, version=version, name="p", labels=["PER"])
+    from django.utils import translation
+
+    with translation.override("en"):
+        assert "1 labeling project(s) waiting to be pushed" in label_studio.check_health().detail
 
 
 @override_settings(LABEL_STUDIO_URL="")
-def test_label_studio_not_configured_is_reported():
+def test_label_studio_not_configured_is_reported(db):
     assert not label_studio.check_health().ok
