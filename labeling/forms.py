@@ -7,6 +7,11 @@ from labeling.readers import ENCODINGS, FORMATS
 from labeling.task_kinds import TaskKind, schema_for
 
 
+def split_labels(text: str) -> list[str]:
+    """Labels typed in one field: separated by commas (either width) or new lines."""
+    return [x.strip() for x in re.split(r"[,，\n]", text) if x.strip()]
+
+
 class DatasetForm(forms.Form):
     name = forms.CharField(label=_("Name"), max_length=100)
     task_kind = forms.ChoiceField(label=_("Task kind"), choices=TaskKind.choices)
@@ -20,7 +25,7 @@ class DatasetForm(forms.Form):
     )
 
     def clean_labels(self) -> list[str]:
-        return [x for x in re.split(r"[,，\n]", self.cleaned_data["labels"]) if x.strip()]
+        return split_labels(self.cleaned_data["labels"])
 
 
 class ImportForm(forms.Form):
@@ -103,7 +108,7 @@ class LabelingProjectForm(forms.Form):
         self.fields["selection"].choices = LabelingProject.Selection.choices
 
     def clean_labels(self) -> list[str]:
-        return [x for x in re.split(r"[,，\n]", self.cleaned_data["labels"]) if x.strip()]
+        return split_labels(self.cleaned_data["labels"])
 
 
 class ExportForm(forms.Form):

@@ -262,26 +262,21 @@ def import_start(
     if fmt != "xlsx" and encoding not in ENCODINGS:
         raise ValidationError(_("Unsupported encoding “%(encoding)s”.") % {"encoding": encoding})
     parsed = _import_options(dataset, options)
-    job = ImportJob.objects.create(
-        team=dataset.team,
+    return _import_job_queue(
+        actor=actor,
         dataset=dataset,
+        audit=(
+            "dataset.import",
+            dataset,
+            {"file": upload.filename, "format": fmt, "encoding": encoding},
+        ),
         upload=upload,
         source=DatasetVersion.Source.UPLOAD,
         format=fmt,
         encoding=encoding if fmt != "xlsx" else "",
         options=parsed.as_dict(),
         bytes_total=upload.size,
-        created_by=actor,
     )
-    audit_record(
-        action="dataset.import",
-        actor=actor,
-        team=dataset.team,
-        target=dataset,
-        data={"job": job.pk, "file": upload.filename, "format": fmt, "encoding": encoding},
-    )
-    _enqueue(job)
-    return job
 
 
 @transaction.atomic
@@ -296,32 +291,33 @@ def version_merge(
     schema = schema_for(dataset.task_kind)
     options = {**options, "mapping": {f: f for f in schema.field_names()}}
     parsed = _import_options(dataset, options)
-    job = ImportJob.objects.create(
-        team=dataset.team,
+    return _import_job_queue(
+        actor=actor,
         dataset=dataset,
+        audit=("dataset.merge", dataset, {"versions": [v.number for v in versions]}),
         source=DatasetVersion.Source.MERGE,
         parents=[v.pk for v in versions],
         format="jsonl",
         encoding="utf-8",
         options=parsed.as_dict(),
         bytes_total=sum(default_storage.size(v.data_file) for v in versions),
-        created_by=actor,
     )
-    audit_record(
-        action="dataset.merge",
-        actor=actor,
-        team=dataset.team,
-        target=dataset,
-        data={"job": job.pk, "versions": [v.number for v in versions]},
-    )
-    _enqueue(job)
-    return job
 
 
-def _enqueue(job: ImportJob) -> None:
+def _import_job_queue(
+    *, actor: AbstractBaseUser, dataset: Dataset, audit: tuple[str, object, dict], **fields
+) -> ImportJob:
+    """Create an import job (an upload, a merge, a labeling export), record its audit event
+    (action, target, data) and queue it for the worker once the transaction commits."""
     from labeling.tasks import run_import_job
 
+    job = ImportJob.objects.create(team=dataset.team, dataset=dataset, created_by=actor, **fields)
+    action, target, data = audit
+    audit_record(
+        action=action, actor=actor, team=dataset.team, target=target, data={"job": job.pk, **data}
+    )
     transaction.on_commit(lambda: run_import_job.delay(job.pk))
+    return job
 
 
 def _options_from(job: ImportJob) -> pipeline.ImportOptions:
@@ -822,9 +818,10 @@ def labeling_project_export(
     # The annotations were checked against the project's labels, which may differ from the
     # dataset's; the rows keep the splits they have.
     parsed = dataclasses.replace(parsed, keep_splits=True, labels=None)
-    job = ImportJob.objects.create(
-        team=dataset.team,
+    return _import_job_queue(
+        actor=actor,
         dataset=dataset,
+        audit=("labeling_project.export", project, {"rule": rule, "reviewer": reviewer}),
         source=DatasetVersion.Source.LABELING,
         parents=[version.pk],
         format="jsonl",
@@ -834,17 +831,7 @@ def labeling_project_export(
             "export": {"project": project.pk, "rule": rule, "reviewer": reviewer},
         },
         bytes_total=default_storage.size(version.data_file),
-        created_by=actor,
     )
-    audit_record(
-        action="labeling_project.export",
-        actor=actor,
-        team=dataset.team,
-        target=project,
-        data={"job": job.pk, "rule": rule, "reviewer": reviewer},
-    )
-    _enqueue(job)
-    return job
 
 
 def _labeling_input(job: ImportJob, workdir: Path) -> Path:

@@ -2,7 +2,6 @@
 versions with statistics, rows, report, downloads, compare, merge."""
 
 import itertools
-import re
 
 import httpx
 from django.conf import settings
@@ -18,7 +17,13 @@ from django.views.decorators.http import require_POST
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from labeling import label_studio, selectors, services
-from labeling.forms import DatasetForm, ExportForm, ImportForm, LabelingProjectForm
+from labeling.forms import (
+    DatasetForm,
+    ExportForm,
+    ImportForm,
+    LabelingProjectForm,
+    split_labels,
+)
 from labeling.models import ImportJob
 from labeling.pipeline import LENGTH_BINS, SPLITS
 from labeling.task_kinds import schema_for
@@ -318,7 +323,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
     if request.method == "POST" and "labels" in request.POST:
         try:
             services.labeling_project_set_labels(
-                actor=request.user, project=p, labels=re.split(r"[,，\n]", request.POST["labels"])
+                actor=request.user, project=p, labels=split_labels(request.POST["labels"])
             )
             messages.success(request, _("Labels changed."))
         except ValidationError as exc:
