@@ -210,7 +210,7 @@ class Merge(DatasetAPIView):
         serializer = MergeRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        versions = list(dataset.versions.filter(number__in=data.pop("versions")))
+        versions = selectors.versions_get(dataset, data.pop("versions"))
         job = service_call(
             services.version_merge,
             actor=request.user,

@@ -33,6 +33,15 @@ def version_get(dataset: Dataset, number: int) -> DatasetVersion:
     return version
 
 
+def versions_get(dataset: Dataset, numbers: list[int]) -> list[DatasetVersion]:
+    """The versions of these numbers; 404 naming the first that does not exist."""
+    versions = {v.number: v for v in dataset.versions.filter(number__in=numbers)}
+    missing = [n for n in numbers if n not in versions]
+    if missing:
+        raise Http404(f"No version v{missing[0]} in this dataset.")
+    return [versions[n] for n in dict.fromkeys(numbers)]
+
+
 def upload_get(team: Team, upload_id) -> Upload:
     upload = Upload.objects.filter(team=team, pk=upload_id).first()
     if upload is None:

@@ -252,7 +252,7 @@ def compare(request: HttpRequest, dataset_id: int) -> HttpResponse:
 def merge(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = selectors.dataset_get(request.team, dataset_id)
     numbers = [_int(n, 0) for n in request.POST.getlist("versions")]
-    versions = list(ds.versions.filter(number__in=numbers))
+    versions = selectors.versions_get(ds, numbers)
     try:
         job = services.version_merge(actor=request.user, dataset=ds, versions=versions, options={})
     except ValidationError as exc:

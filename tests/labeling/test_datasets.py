@@ -206,6 +206,12 @@ def test_compare_and_merge(api, owner, team, dataset):
     ).json()
     job = services.import_run(job["id"])
     merged = job.version
+    missing = api.post(
+        f"/api/v1/teams/{team.slug}/datasets/{dataset.pk}/merge/",
+        {"versions": [1, 7]},
+        format="json",
+    )
+    assert missing.status_code == 404 and "v7" in missing.json()["detail"]
     assert merged.source == "merge" and merged.parent == v1
     assert [m["number"] for m in merged.lineage["merged"]] == [1, 2]
     # 甲 appears in both with different labels: the first kept, the second a duplicate.
