@@ -24,6 +24,7 @@ from labeling.serializers import (
     ImportRequestSerializer,
     LabelingProjectCreateSerializer,
     LabelingProjectSerializer,
+    LabelsRequestSerializer,
     MergeRequestSerializer,
     PredictionsRequestSerializer,
     UploadSerializer,
@@ -342,6 +343,20 @@ class LabelingProjectDetail(LabelingProjectAPIView):
                 "agreement": selectors.labeling_project_agreement(project),
             }
         )
+
+    @extend_schema(request=LabelsRequestSerializer, responses=LabelingProjectSerializer)
+    def patch(self, request: Request, team: str, project_id: int) -> Response:
+        """Change the label set (only before the first annotation)."""
+        project = self.project()  # 404 before 400
+        serializer = LabelsRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        project = service_call(
+            services.labeling_project_set_labels,
+            actor=request.user,
+            project=project,
+            labels=serializer.validated_data["labels"],
+        )
+        return Response(LabelingProjectSerializer(project).data)
 
 
 class LabelingProjectSync(LabelingProjectAPIView):

@@ -175,3 +175,7 @@ class PredictionSerializer(serializers.Serializer):
 class PredictionsRequestSerializer(serializers.Serializer):
     model_version = serializers.CharField(max_length=100)
     predictions = PredictionSerializer(many=True)
+
+
+class LabelsRequestSerializer(serializers.Serializer):
+    labels = serializers.ListField(child=serializers.CharField(max_length=100), allow_empty=False)

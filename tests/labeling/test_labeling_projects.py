@@ -190,7 +190,11 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
     services.labeling_project_push(project_id)
     detail = api.get(f"{base}{project_id}/").json()
     assert detail["status"] == "ready" and detail["progress"]["total"] == 3
+    labels = {"labels": ["正面", "负面", "中立"]}
+    relabeled = api.patch(f"{base}{project_id}/", labels, format="json")
+    assert relabeled.status_code == 200 and relabeled.json()["labels"] == ["正面", "负面", "中立"]
     ls = label_studio.client()
+    assert "中立" in ls.projects.get(id=detail["ls_project_id"]).label_config
     project = LabelingProject.objects.get(pk=project_id)
     first = project.tasks.get(row=1).ls_task_id
     ls.annotations.create(
@@ -206,6 +210,10 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
     )
     services.labeling_project_sync(project_id)
     assert api.get(f"{base}{project_id}/").json()["progress"]["annotations"] == 1
+    fixed = api.patch(
+        f"{base}{project_id}/", {"labels": ["x"]}, format="json", HTTP_ACCEPT_LANGUAGE="en"
+    )
+    assert fixed.status_code == 400 and "fixed" in str(fixed.json())
     exported = api.post(f"{base}{project_id}/export/", {"rule": "majority"}, format="json")
     assert exported.status_code == 202
     job = services.import_run(exported.json()["id"])
