@@ -6,6 +6,11 @@ PY := $(VENV)/bin/python
 CATALOGS := $(wildcard locale/*/LC_MESSAGES/django.po)
 COMPILED := $(CATALOGS:.po=.mo)
 
+# The runtime venv: the job runner (python -m training.run) with Paddle and torch. Its own
+# because PaddleNLP needs numpy 1.x and the console's Label Studio SDK numpy 2.
+RT_VENV := .venv-runtime
+RT_PY := $(RT_VENV)/bin/python
+
 LS_VENV := .venv-labelstudio
 # Label Studio runs from its own venv (it pins its own Django); none is installed when
 # LABEL_STUDIO_URL points at an existing server.
@@ -13,7 +18,7 @@ ifeq ($(LABEL_STUDIO_URL),)
 LABEL_STUDIO := labelstudio
 endif
 
-.PHONY: install install-test labelstudio run test lint messages bench
+.PHONY: install install-test runtime labelstudio run test lint messages bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +36,17 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 locale/%/LC_MESSAGES/django.mo: locale/%/LC_MESSAGES/django.po $(VENV)/.installed
 	$(VENV)/bin/pybabel compile -i $< -o $@
 
-install: $(VENV)/.installed $(COMPILED)
+$(RT_VENV)/.installed: platform/requirements/runtime.txt pyproject.toml
+	test -x $(RT_PY) || $(PYTHON) -m venv $(RT_VENV)
+	$(RT_PY) -m pip install --quiet --upgrade pip
+	$(RT_PY) -m pip install --quiet -r platform/requirements/runtime.txt pytest
+	# The project itself without its web dependencies: the backends' entry points.
+	$(RT_PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+runtime: $(RT_VENV)/.installed
+
+install: $(VENV)/.installed $(COMPILED) runtime
 
 install-test: install $(VENV)/.installed-test
 
@@ -46,7 +61,9 @@ labelstudio: $(LS_VENV)/.installed
 run: install $(LABEL_STUDIO)
 	bash platform/start.sh
 
+# tests/runtime runs in the runtime venv (backends, metrics: no Django), the rest in .venv.
 test: install-test $(LABEL_STUDIO)
+	$(RT_PY) -m pytest tests/runtime -p no:django -p no:cacheprovider --noconftest
 	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest
 
 lint: install-test

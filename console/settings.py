@@ -190,8 +190,30 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Run tasks in the calling process (benchmarks, a machine without workers); never in production.
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # A task not acknowledged within this time is redelivered; longer than any job's heartbeat gap.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+# Priorities: each queue is several Redis lists, read most urgent first (0 is the highest).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 6 * 3600,
+    "priority_steps": list(range(10)),
+    "queue_order_strategy": "priority",
+    "sep": ":",
+}
+CELERY_TASK_DEFAULT_PRIORITY = 5
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# -- Training --------------------------------------------------------------------------------
+
+# The job runner runs in its own venv (Paddle and torch need numpy 1.x; the console's Label
+# Studio SDK needs numpy 2): `make run` and `make test` install it into .venv-runtime.
+TRAINING_PYTHON = os.environ.get("TRAINING_PYTHON") or str(BASE_DIR / ".venv-runtime/bin/python")
+# Work directories of jobs (data, checkpoints, exports): local or shared (NFS) disk.
+TRAINING_WORK_DIR = Path(os.environ.get("TRAINING_WORK_DIR") or DATA_DIR / "training")
+# Jobs of one team that may run at once, whatever the number of workers.
+TRAINING_TEAM_CONCURRENCY = int(os.environ.get("TRAINING_TEAM_CONCURRENCY", "2"))
+# A job whose worker was lost this many times fails instead of starting again.
+TRAINING_MAX_ATTEMPTS = int(os.environ.get("TRAINING_MAX_ATTEMPTS", "3"))
+# Base models are imported from directories or archives under this directory of the server
+# (and from archives uploaded through the console).
+MODEL_IMPORT_DIR = Path(os.environ.get("PLATFORM_MODEL_IMPORT_DIR") or DATA_DIR / "imports")
 
 # -- Label Studio --------------------------------------------------------------------------
 

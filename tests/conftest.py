@@ -13,6 +13,8 @@ from console.models import Membership, Team
 from console.roles import Role
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/runtime runs in the runtime venv (make test), without Django.
+collect_ignore = ["runtime"]
 
 
 @pytest.fixture
@@ -112,16 +114,15 @@ def test_database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-@pytest.fixture(scope="session")
-def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
-    """A real Celery worker on the suite's Redis and test database, queue `default`."""
+def start_worker(queues: str, name: str, pool: str = "solo", env: dict | None = None):
+    """A real Celery worker on the suite's Redis and test database; returns once it answers."""
     from console.health import check_workers
 
-    name = f"test-{os.getpid()}"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": test_database_url(),
+        **(env or {}),
     }
     proc = subprocess.Popen(
         [
@@ -132,11 +133,11 @@ def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
             "console",
             "worker",
             "--queues",
-            "default",
+            queues,
             "--concurrency",
             "1",
             "--pool",
-            "solo",
+            pool,
             "--hostname",
             f"{name}@%h",
             "--loglevel",
@@ -149,10 +150,27 @@ def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
     while name not in check_workers(timeout=1).detail:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail("the Celery worker did not come up")
-    yield proc
+            pytest.fail(
+                f"the Celery worker {name} did not come up (is Redis at REDIS_URL running?)"
+            )
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
     proc.terminate()
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
+    """A real Celery worker on the suite's Redis and test database, queue `default`."""
+    proc = start_worker("default", f"test-{os.getpid()}")
+    yield proc
+    stop_worker(proc)
 
 
 def pytest_report_header(config) -> list[str]:

@@ -63,6 +63,8 @@ class World:
 def object_factories(team, owner) -> dict:
     """How to make, in `team`, the object that each URL argument names."""
     from labeling import services as labeling_services
+    from training import services as training_services
+    from training.models import BaseModel, ModelVersion
 
     def version():
         dataset = labeling_services.dataset_create(
@@ -71,6 +73,21 @@ def object_factories(team, owner) -> dict:
         return make_version(dataset, owner)
 
     v = version()
+    job = training_services.training_job_submit(actor=owner, team=team, dataset_version=v)
+    base = BaseModel.objects.create(
+        team=team, name="base", backend="paddle", architecture="ernie", storage_prefix="x/"
+    )
+    model_version = ModelVersion.objects.create(
+        team=team,
+        name="ds",
+        number=1,
+        job=job,
+        dataset_version=v,
+        task_kind="text_classification",
+        backend="paddle",
+        runtime="paddle_inference",
+        storage_prefix="y/",
+    )
     upload = labeling_services.upload_create(actor=owner, team=team, filename="x.csv", size=10)
     return {
         "team": lambda: team.slug,
@@ -86,6 +103,9 @@ def object_factories(team, owner) -> dict:
             labeling_services.labeling_project_create(actor=owner, version=v, name="p").pk
         ),
         "secret": lambda: "not-the-secret",
+        "training_job_id": lambda: job.pk,
+        "base_model_id": lambda: base.pk,
+        "model_version_id": lambda: model_version.pk,
     }
 
 

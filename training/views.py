@@ -1,14 +1,256 @@
+"""Console pages of training: jobs (submit, live progress, cancel, retry, clone), model
+versions (evaluation report, comparison, download, import) and base models (import)."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
 
 from console.permissions import team_view
+from console.roles import Perm, role_allows
+from training import api, selectors, services
+from training.forms import BaseModelImportForm, JobForm, ModelImportForm
+from training.presets import PRESETS
+
+
+def _error_text(exc: ValidationError) -> str:
+    return " ".join(exc.messages)
+
+
+def _can(request: HttpRequest, perm: Perm) -> bool:
+    return role_allows(request.membership.role, perm)
 
 
 @team_view()
 def jobs(request: HttpRequest) -> HttpResponse:
-    return render(request, "training/jobs.html")
+    return render(
+        request,
+        "training/jobs.html",
+        {
+            "jobs": selectors.team_jobs(request.team)[:200],
+            "can_write": _can(request, Perm.TRAINING_WRITE),
+        },
+    )
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+def job_new(request: HttpRequest) -> HttpResponse:
+    base_models = selectors.team_base_models(request.team)
+    initial = {"model": f"preset:{next(iter(PRESETS))}"}
+    if request.GET.get("version"):
+        initial["dataset_version"] = request.GET["version"]
+    form = JobForm(
+        request.POST or None, team=request.team, base_models=base_models, initial=initial
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = services.training_job_submit(
+                actor=request.user, team=request.team, **form.job_fields()
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
+    return render(request, "training/job_new.html", {"form": form})
 
 
 @team_view()
+def job(request: HttpRequest, training_job_id: int) -> HttpResponse:
+    job = selectors.job_get(request.team, training_job_id)
+    return render(
+        request,
+        "training/job.html",
+        {
+            "job": job,
+            "log": selectors.job_log_tail(job),
+            "can_write": _can(request, Perm.TRAINING_WRITE),
+        },
+    )
+
+
+def _job_action(
+    request: HttpRequest, training_job_id: int, action, done: str, **kwargs
+) -> HttpResponse:
+    job = selectors.job_get(request.team, training_job_id)
+    try:
+        result = action(actor=request.user, job=job, **kwargs)
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+        return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
+    messages.success(request, done)
+    return redirect("training:job", team=request.team.slug, training_job_id=result.pk)
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+@require_POST
+def job_cancel(request: HttpRequest, training_job_id: int) -> HttpResponse:
+    return _job_action(
+        request, training_job_id, services.training_job_cancel, _("The job is cancelled.")
+    )
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+@require_POST
+def job_retry(request: HttpRequest, training_job_id: int) -> HttpResponse:
+    return _job_action(
+        request, training_job_id, services.training_job_retry, _("A new job retries this one.")
+    )
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+def job_clone(request: HttpRequest, training_job_id: int) -> HttpResponse:
+    """The new-job form, filled in with this job's spec, to change and submit."""
+    source = selectors.job_get(request.team, training_job_id)
+    initial = {
+        "dataset_version": source.dataset_version_id,
+        "backend": source.backend,
+        "model": f"base:{source.base_model.name}"
+        if source.base_model_id
+        else f"preset:{source.preset}",
+        "device_type": source.device_type,
+        "device_count": source.device_count,
+        "priority": source.priority,
+        "name": f"{source.name} (clone)",
+        **source.hyperparameters,
+    }
+    base_models = selectors.team_base_models(request.team)
+    form = JobForm(
+        request.POST or None, team=request.team, base_models=base_models, initial=initial
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = services.training_job_submit(
+                actor=request.user, team=request.team, origin=source, **form.job_fields()
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
+    return render(request, "training/job_new.html", {"form": form, "origin": source})
+
+
+@team_view(write=Perm.TRAINING_WRITE)
 def models(request: HttpRequest) -> HttpResponse:
-    return render(request, "training/models.html")
+    versions = selectors.team_model_versions(request.team)
+    dataset = request.GET.get("dataset")
+    if dataset and dataset.isdigit():
+        versions = versions.filter(dataset_version__dataset_id=int(dataset))
+    form = ModelImportForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            version = services.model_version_import(
+                actor=request.user, team=request.team, archive=form.cleaned_data["archive"]
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            return redirect("training:model", team=request.team.slug, model_version_id=version.pk)
+    return render(
+        request,
+        "training/models.html",
+        {
+            "versions": versions,
+            "form": form,
+            "can_write": _can(request, Perm.TRAINING_WRITE),
+        },
+    )
+
+
+def heatmap(confusion: dict) -> list[dict]:
+    """Rows of the confusion matrix with each cell's share of its row, for shading."""
+    rows = []
+    for label, counts in zip(
+        confusion.get("labels", []), confusion.get("matrix", []), strict=False
+    ):
+        total = sum(counts) or 1
+        rows.append(
+            {
+                "label": label,
+                "cells": [{"n": n, "alpha": round(n / total, 3)} for n in counts],
+                "total": sum(counts),
+            }
+        )
+    return rows
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
+    version = selectors.model_version_get(request.team, model_version_id)
+    if request.method == "POST" and request.POST.get("action") == "delete":
+        try:
+            services.model_version_delete(actor=request.user, version=version)
+        except ValidationError as exc:
+            messages.error(request, _error_text(exc))
+        else:
+            messages.success(request, _("The model version is deleted."))
+            return redirect("training:models", team=request.team.slug)
+    metrics = version.evaluation.get("metrics", {})
+    return render(
+        request,
+        "training/model.html",
+        {
+            "version": version,
+            "metrics": metrics,
+            "heatmap": heatmap(metrics.get("confusion", {})),
+            "can_write": _can(request, Perm.TRAINING_WRITE),
+        },
+    )
+
+
+@team_view()
+def model_download(request: HttpRequest, model_version_id: int) -> HttpResponse:
+    version = selectors.model_version_get(request.team, model_version_id)
+    return api.model_archive_response(version)
+
+
+@team_view()
+def models_compare(request: HttpRequest) -> HttpResponse:
+    ids = [int(i) for i in request.GET.getlist("ids") if i.isdigit()]
+    versions = selectors.model_versions_get(request.team, ids) if ids else []
+    keys = sorted({k for v in versions for k in v.metrics if k != "support"})
+    hp_keys = sorted({k for v in versions for k in v.hyperparameters})
+    return render(
+        request,
+        "training/compare.html",
+        {
+            "versions": versions,
+            "metric_rows": [(k, [v.metrics.get(k) for v in versions]) for k in keys],
+            "hp_rows": [(k, [v.hyperparameters.get(k) for v in versions]) for k in hp_keys],
+        },
+    )
+
+
+@team_view(write=Perm.MODEL_IMPORT)
+def base_models(request: HttpRequest) -> HttpResponse:
+    form = BaseModelImportForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            model = services.base_model_import(
+                actor=request.user,
+                team=request.team,
+                name=data["name"],
+                backend=data["backend"],
+                path=data["path"],
+                archive=data["archive"],
+                shared=data["shared"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            messages.success(request, _("Imported %(name)s.") % {"name": model.name})
+            return redirect("training:base_models", team=request.team.slug)
+    return render(
+        request,
+        "training/base_models.html",
+        {
+            "models": selectors.team_base_models(request.team),
+            "form": form,
+            "import_dir": settings.MODEL_IMPORT_DIR,
+            "presets": PRESETS,
+            "can_write": _can(request, Perm.MODEL_IMPORT),
+        },
+    )

@@ -1,0 +1,73 @@
+import os
+import random
+import time
+
+import pytest
+
+from tests.conftest import make_jsonl_version, start_worker, stop_worker
+
+POS, NEG = ["很好", "满意", "喜欢", "推荐", "不错"], ["很差", "失望", "讨厌", "退货", "糟糕"]
+FILLER = "这个产品的质量和服务总体来说"
+
+
+def rows_for(kind: str, n: int = 80, seed: int = 0) -> tuple[list[dict], dict]:
+    """Rows whose label a keyword decides (a model learns them in a few epochs), and the
+    mapping of their fields."""
+    rng = random.Random(seed)
+    rows: list[dict] = []
+    for i in range(n):
+        positive = i % 2 == 0
+        word = rng.choice(POS if positive else NEG)
+        text = f"{FILLER[: rng.randint(3, 12)]}{word}{i}"
+        if kind == "text_classification":
+            rows.append({"text": text, "label": "正面" if positive else "负面"})
+        elif kind == "multi_label":
+            labels = ["好评" if positive else "差评"] + (["物流"] if i % 3 == 0 else [])
+            rows.append({"text": text + ("物流快" if i % 3 == 0 else ""), "labels": labels})
+        elif kind == "text_pair":
+            rows.append({"text_a": text, "text_b": rng.choice(POS if positive else NEG),
+                         "label": "相似" if positive else "不相似"})
+        else:
+            city = rng.choice(["北京", "上海", "广州", "深圳"])
+            prefix = FILLER[: rng.randint(2, 8)]
+            rows.append({"text": f"{prefix}{city}{word}",
+                         "entities": [{"start": len(prefix), "end": len(prefix) + 2,
+                                       "label": "地点"}]})
+    mapping = {f: f for f in rows[0]}
+    return rows, mapping
+
+
+@pytest.fixture
+def make_dataset(team, owner):
+    from labeling import services as labeling_services
+
+    def make(kind: str = "text_classification", n: int = 80, name: str = ""):
+        dataset = labeling_services.dataset_create(
+            actor=owner, team=team, name=name or f"{kind}-{n}", task_kind=kind
+        )
+        rows, mapping = rows_for(kind, n)
+        return make_jsonl_version(dataset, owner, rows, mapping)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def train_worker(django_db_setup, celery_worker_process):
+    """A real train worker: prefork (so that a killed job process is a lost worker, and its
+    task is given back), queue train.cpu, beside the suite's `default` worker."""
+    proc = start_worker("train.cpu", f"train-{os.getpid()}", pool="prefork")
+    yield proc
+    stop_worker(proc)
+
+
+def wait_for(job, statuses=("succeeded", "failed", "cancelled"), timeout: float = 180,
+             until=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        job.refresh_from_db()
+        if (until(job) if until else job.status in statuses):
+            return job
+        assert time.monotonic() < deadline, (
+            f"job {job.pk} is {job.status} ({job.phase}) after {timeout} s: {job.error}"
+        )
+        time.sleep(0.3)

@@ -1,0 +1,111 @@
+"""Training jobs through the real Celery train worker, Redis and the runner process (Paddle and
+torch in the runtime venv): each task kind with each backend, cancel, a killed worker, retry."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+from django.core.files.storage import default_storage
+from django.db import transaction
+
+from tests.training.conftest import wait_for
+from training import services
+from training.models import ModelVersion, TrainingJob
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("train_worker")]
+
+FAST = {"epochs": 6, "batch_size": 16, "learning_rate": 2e-3, "max_seq_length": 32}
+
+
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+@pytest.mark.parametrize("kind", ["text_classification", "multi_label", "ner", "text_pair"])
+def test_each_task_kind_trains_with_each_backend(team, owner, make_dataset, kind, backend):
+    version = make_dataset(kind)
+    job = services.training_job_submit(
+        actor=owner, team=team, dataset_version=version, backend=backend, hyperparameters=FAST
+    )
+    job = wait_for(job)
+    assert job.status == "succeeded", job.error
+    assert job.step == job.total_steps > 0
+    assert job.first_step_at and job.started_at <= job.first_step_at <= job.finished_at
+
+    model = ModelVersion.objects.get(job=job)
+    assert model.dataset_version == version and model.backend == backend
+    assert model.runtime == {"paddle": "paddle_inference", "torch": "onnxruntime"}[backend]
+    assert model.manifest["task_kind"] == kind and model.manifest["labels"] == job.labels
+    for name, meta in model.files.items():
+        assert default_storage.size(model.storage_prefix + name) == meta["size"]
+    assert "export/manifest.json" in model.files and "checkpoint/vocab.txt" in model.files
+    report = model.evaluation["metrics"]
+    assert set(report["per_label"]) == set(job.labels)
+    if kind in ("text_classification", "text_pair"):
+        assert report["confusion"]["labels"][: len(job.labels)] == job.labels
+        assert report["accuracy"] >= 0.8, report
+    if kind == "ner":
+        assert report["f1"] >= 0.5, report
+    kinds = set(job.events.values_list("kind", flat=True))
+    assert {"state", "loss", "metrics", "checkpoint"} <= kinds
+    assert not services.job_workdir(job).exists()  # the work directory is cleaned up
+
+
+def _runner_alive(job: TrainingJob) -> bool:
+    found = subprocess.run(
+        ["pgrep", "-f", f"training.run {services.job_workdir(job)}$"], capture_output=True
+    )
+    return found.returncode == 0
+
+
+def test_cancel_stops_a_running_job_within_seconds(team, owner, make_dataset):
+    version = make_dataset(n=200)
+    job = services.training_job_submit(
+        actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
+    )
+    job = wait_for(job, until=lambda j: j.step > 0)
+    assert _runner_alive(job)
+    services.training_job_cancel(actor=owner, job=job)
+    job = wait_for(job, timeout=10)
+    assert job.status == "cancelled"
+    assert not _runner_alive(job)
+    assert not ModelVersion.objects.filter(job=job).exists()
+
+
+def test_a_worker_killed_mid_job_resumes_from_its_checkpoint(team, owner, make_dataset):
+    version = make_dataset(n=160)
+    job = services.training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=version,
+        hyperparameters={"epochs": 12, "batch_size": 8, "checkpoint_steps": 5},
+    )
+    job = wait_for(job, until=lambda j: j.events.filter(kind="checkpoint").count() >= 3)
+    killed_at = job.events.filter(kind="checkpoint").last().data["step"]
+    os.kill(job.pid, signal.SIGKILL)  # the pool process running the job: the worker is lost
+
+    job = wait_for(job, timeout=240)
+    assert job.status == "succeeded", job.error
+    assert job.attempts == 2
+    resumed = job.events.get(kind="resumed")
+    assert resumed.attempt == 2 and resumed.data["step"] >= killed_at > 0
+    # The second attempt trained only the steps that were left: 12 epochs × 16 steps in all.
+    assert job.step == job.total_steps == 12 * 16
+    steps = [e.data["step"] for e in job.events.filter(kind="loss", attempt=2)]
+    assert steps and min(steps) > resumed.data["step"]
+
+
+def test_a_failed_job_says_why_and_is_retried_as_a_new_job(team, owner, make_dataset):
+    version = make_dataset()
+    with transaction.atomic():  # queued at commit, so the change below is seen by the worker
+        job = services.training_job_submit(
+            actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 1}
+        )
+        # A label set that lacks one of the data's labels: the runner fails, and says why.
+        TrainingJob.objects.filter(pk=job.pk).update(labels=["正面", "中性"])
+    job = wait_for(job)
+    assert job.status == "failed"
+    assert "KeyError" in job.error and "负面" in job.error
+
+    retry = services.training_job_retry(actor=owner, job=job)
+    assert retry.origin == job and retry.hyperparameters == job.hyperparameters
+    retry = wait_for(retry)
+    assert retry.status == "succeeded", retry.error

@@ -1,0 +1,62 @@
+"""Training backends: one interface, implementations found by name through the entry-point
+group ``model_platform.backends`` (see pyproject.toml), so a third backend is a package of its
+own that declares an entry point, not a patch of this one.
+
+A backend trains in a job's work directory (``training.spec``), resuming from ``checkpoint/``
+when one is there, writes the best weights to ``best/``, exports an inference artifact with its
+manifest, and loads such an artifact for inference. Events go through ``emit``.
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from training.spec import JobSpec
+
+ENTRY_POINT_GROUP = "model_platform.backends"
+
+# emit(kind, **data): kind is one of "state", "progress", "loss", "metrics", "log", "checkpoint",
+# "resumed"; the runner turns each into a structured event line.
+Emit = Callable[..., None]
+
+
+class BackendNotFound(LookupError):
+    pass
+
+
+class Backend(ABC):
+    name: str = ""
+    # The runtime its exports run on: "paddle_inference", "onnxruntime"…
+    runtime: str = ""
+
+    @abstractmethod
+    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
+        """Train on ``workdir/data``; checkpoints in ``workdir/checkpoint`` (resume from it if
+        present), the best weights, config and vocab.txt in ``workdir/best``."""
+
+    @abstractmethod
+    def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
+        """Write the inference artifact of ``workdir/best`` into ``out_dir``: model files and
+        vocab.txt. Returns the manifest's fields that name them (``model_file``, and
+        ``params_file`` where the runtime has one); the runner writes the manifest."""
+
+    def load_for_inference(self, export_dir: Path, device: str = "cpu") -> Any:
+        """A ``training.inference.Predictor`` over an exported artifact."""
+        from training.inference import Predictor
+
+        return Predictor.load(export_dir, device=device)
+
+
+def available() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def get_backend(name: str) -> Backend:
+    found = available()
+    if name not in found:
+        raise BackendNotFound(
+            f"no training backend named {name!r}; installed: {', '.join(sorted(found)) or 'none'}"
+        )
+    return found[name].load()()

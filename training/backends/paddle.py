@@ -1,0 +1,159 @@
+"""The paddle backend (default): PaddleNLP ERNIE heads per task kind, exported with
+``paddle.jit.save`` for Paddle Inference.
+
+- text_classification, text_pair: ``ErnieForSequenceClassification``, cross-entropy;
+- multi_label: the same head, a sigmoid and binary cross-entropy (threshold at prediction);
+- ner: ``ErnieForTokenClassification`` over BIO tags, one token per character.
+"""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from training.backends import Backend, Emit
+from training.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
+from training.loop import BEST, VOCAB, fit
+from training.presets import PRESETS
+from training.spec import JobSpec
+
+WEIGHTS = "model_state.pdparams"
+OPTIMIZER = "optimizer.pdopt"
+
+
+def paddle_device(device_type: str) -> str:
+    return "cpu" if device_type == "cpu" else f"{'gpu' if device_type == 'dcu' else device_type}:0"
+
+
+class PaddleOps:
+    def build(self, spec: JobSpec, space: LabelSpace, vocab_size: int) -> None:
+        import paddle
+        from paddlenlp.transformers import (
+            ErnieConfig,
+            ErnieForSequenceClassification,
+            ErnieForTokenClassification,
+        )
+        from paddlenlp.utils.log import logger
+
+        logger.set_level("WARNING")  # not a log line per saved file
+        paddle.set_device(paddle_device(spec.device_type))
+        paddle.seed(spec.hp.seed)
+        self.head = space.head
+        cls = ErnieForTokenClassification if space.head == TOKEN else ErnieForSequenceClassification
+        if spec.base_model_dir:
+            config = ErnieConfig.from_pretrained(spec.base_model_dir)
+            config.num_labels = space.num_outputs
+            self.model = cls.from_pretrained(spec.base_model_dir, config=config)
+        else:
+            arch = {**PRESETS[spec.preset], **spec.model_config}
+            config = ErnieConfig(vocab_size=vocab_size, num_labels=space.num_outputs, **arch)
+            self.model = cls(config)
+        decay = [
+            p.name
+            for n, p in self.model.named_parameters()
+            if not any(k in n for k in ("bias", "norm"))
+        ]
+        self.optimizer = paddle.optimizer.AdamW(
+            learning_rate=spec.hp.learning_rate,
+            parameters=self.model.parameters(),
+            weight_decay=spec.hp.weight_decay,
+            apply_decay_param_fun=lambda name: name in decay,
+        )
+        self.amp = spec.hp.amp and spec.device_type != "cpu"
+        self.scaler = paddle.amp.GradScaler() if self.amp else None
+        self.model.train()
+
+    def _forward(self, batch: dict[str, np.ndarray]):
+        import paddle
+
+        return self.model(
+            input_ids=paddle.to_tensor(batch["input_ids"]),
+            token_type_ids=paddle.to_tensor(batch["token_type_ids"]),
+        )
+
+    def _loss(self, logits, labels: np.ndarray):
+        import paddle
+        import paddle.nn.functional as F
+
+        target = paddle.to_tensor(labels)
+        if self.head == SINGLE:
+            return F.cross_entropy(logits, target)
+        if self.head == MULTI:
+            return F.binary_cross_entropy_with_logits(logits, target)
+        return F.cross_entropy(
+            logits.reshape([-1, logits.shape[-1]]), target.reshape([-1]), ignore_index=IGNORE
+        )
+
+    def train_step(self, batch: dict[str, np.ndarray], lr: float) -> float:
+        import paddle
+
+        self.optimizer.set_lr(lr)
+        with paddle.amp.auto_cast(enable=self.amp):
+            loss = self._loss(self._forward(batch), batch["labels"])
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.minimize(self.optimizer, loss)
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.clear_grad()
+        return float(loss)
+
+    def logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        import paddle
+
+        self.model.eval()
+        with paddle.no_grad():
+            out = self._forward(batch).numpy()
+        self.model.train()
+        return out
+
+    def save(self, directory: Path, with_optimizer: bool) -> None:
+        import paddle
+
+        self.model.save_pretrained(str(directory))
+        if with_optimizer:
+            paddle.save(self.optimizer.state_dict(), str(directory / OPTIMIZER))
+
+    def load(self, directory: Path, with_optimizer: bool) -> None:
+        import paddle
+
+        self.model.set_state_dict(paddle.load(str(directory / WEIGHTS)))
+        if with_optimizer:
+            self.optimizer.set_state_dict(paddle.load(str(directory / OPTIMIZER)))
+
+
+class PaddleBackend(Backend):
+    name = "paddle"
+    runtime = "paddle_inference"
+
+    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
+        return fit(spec, workdir, emit, PaddleOps())
+
+    def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
+        import paddle
+        from paddle.static import InputSpec
+        from paddlenlp.transformers import (
+            ErnieForSequenceClassification,
+            ErnieForTokenClassification,
+        )
+
+        paddle.set_device("cpu")
+        kind = LabelSpace(spec.task_kind, tuple(spec.labels)).head
+        cls = ErnieForTokenClassification if kind == TOKEN else ErnieForSequenceClassification
+        model = cls.from_pretrained(str(workdir / BEST))
+        model.eval()
+        static = paddle.jit.to_static(
+            model,
+            input_spec=[
+                InputSpec([None, None], "int64", name="input_ids"),
+                InputSpec([None, None], "int64", name="token_type_ids"),
+            ],
+            full_graph=True,
+        )
+        paddle.jit.save(static, str(out_dir / "inference"))
+        shutil.copy(workdir / BEST / VOCAB, out_dir / VOCAB)
+        model_file = next(
+            p.name for p in out_dir.iterdir() if p.suffix in (".json", ".pdmodel")
+        )  # PIR programs are inference.json, the legacy format inference.pdmodel
+        return {"model_file": model_file, "params_file": "inference.pdiparams"}

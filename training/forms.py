@@ -1,0 +1,116 @@
+from django import forms
+from django.utils.translation import gettext_lazy as _
+
+from console.hardware import device_choices
+from labeling.models import DatasetVersion
+from training.data import HEADS
+from training.models import Backend, TrainingJob
+from training.presets import PRESETS
+
+METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
+
+
+class JobForm(forms.Form):
+    """A training job. Hyperparameters left empty take the recommended value for the task kind
+    and model (presets train from scratch; imported models fine-tune)."""
+
+    dataset_version = forms.ModelChoiceField(
+        queryset=DatasetVersion.objects.none(), label=_("Dataset version")
+    )
+    backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
+    model = forms.ChoiceField(label=_("Base model or preset"))
+    device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
+    device_count = forms.IntegerField(min_value=1, initial=1, label=_("Devices"))
+    priority = forms.TypedChoiceField(
+        choices=TrainingJob.Priority.choices, coerce=int, initial=5, label=_("Priority")
+    )
+    name = forms.CharField(max_length=100, required=False, label=_("Name"))
+    epochs = forms.IntegerField(min_value=1, required=False, label=_("Epochs"))
+    batch_size = forms.IntegerField(min_value=1, required=False, label=_("Batch size"))
+    learning_rate = forms.FloatField(required=False, label=_("Learning rate"))
+    max_seq_length = forms.IntegerField(required=False, label=_("Max sequence length"))
+    warmup_ratio = forms.FloatField(required=False, label=_("Warm-up ratio"))
+    weight_decay = forms.FloatField(required=False, label=_("Weight decay"))
+    seed = forms.IntegerField(required=False, label=_("Seed"))
+    early_stopping_patience = forms.IntegerField(
+        min_value=0, required=False, label=_("Early stopping patience (evaluations)")
+    )
+    metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
+    threshold = forms.FloatField(required=False, label=_("Multi-label threshold"))
+
+    HYPERPARAMETERS = (
+        "epochs",
+        "batch_size",
+        "learning_rate",
+        "max_seq_length",
+        "warmup_ratio",
+        "weight_decay",
+        "seed",
+        "early_stopping_patience",
+        "metric",
+        "threshold",
+    )
+
+    def __init__(self, *args, team, base_models, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["dataset_version"].queryset = (
+            DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind__in=list(HEADS))
+            .select_related("dataset")
+            .order_by("dataset__name", "-number")
+        )
+        self.fields["model"].choices = [
+            (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
+            (
+                _("Imported base models"),
+                [(f"base:{m.name}", f"{m.name} ({m.backend})") for m in base_models],
+            ),
+        ]
+
+    MAIN = (
+        "dataset_version",
+        "backend",
+        "model",
+        "device_type",
+        "device_count",
+        "priority",
+        "name",
+    )
+
+    def main_fields(self) -> list:
+        return [self[name] for name in self.MAIN]
+
+    def hyperparameter_fields(self) -> list:
+        return [self[name] for name in self.HYPERPARAMETERS]
+
+    def job_fields(self) -> dict:
+        data = self.cleaned_data
+        kind, _sep, model = data["model"].partition(":")
+        return {
+            "dataset_version": data["dataset_version"],
+            "backend": data["backend"],
+            "base_model": model if kind == "base" else "",
+            "preset": model if kind == "preset" else "",
+            "device_type": data["device_type"],
+            "device_count": data["device_count"],
+            "priority": data["priority"],
+            "name": data["name"],
+            "hyperparameters": {
+                k: data[k] for k in self.HYPERPARAMETERS if data.get(k) not in (None, "")
+            },
+        }
+
+
+class BaseModelImportForm(forms.Form):
+    name = forms.CharField(max_length=100, label=_("Name"))
+    backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
+    path = forms.CharField(
+        required=False,
+        label=_("Directory or archive on the server"),
+        help_text=_("Relative to the import directory."),
+    )
+    archive = forms.FileField(required=False, label=_("Or upload an archive (.tar.gz, .zip)"))
+    shared = forms.BooleanField(required=False, label=_("Share with every team of this site"))
+
+
+class ModelImportForm(forms.Form):
+    archive = forms.FileField(label=_("Model version archive (.tar.gz)"))

@@ -1,0 +1,146 @@
+"""An exported model and its manifest, and the predictor that serves it (evaluation here, the
+serving host later): the same tokenizer and decoding as training, on a runtime found by the
+manifest's ``runtime``.
+
+``manifest.json`` names the task kind, labels, tokenizer, maximum length, runtime, the model's
+input names and the sha256 of every file; loading refuses a file whose hash differs.
+"""
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from training.data import LabelSpace, collate, decode, encode
+from training.tokenizer import CharTokenizer
+
+MANIFEST = "manifest.json"
+VOCAB = "vocab.txt"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(out_dir: Path, **fields) -> dict:
+    """Write ``manifest.json`` for every file of ``out_dir`` (their sha256) plus ``fields``."""
+    files = {
+        p.relative_to(out_dir).as_posix(): sha256_file(p)
+        for p in sorted(out_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {"format": 1, **fields, "tokenizer": {"type": "char", "vocab": VOCAB}}
+    manifest["files"] = files
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2), "utf-8")
+    return manifest
+
+
+def read_manifest(export_dir: Path, verify: bool = True) -> dict:
+    path = export_dir / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: not an exported model")
+    manifest = json.loads(path.read_text("utf-8"))
+    if verify:
+        for name, digest in manifest["files"].items():
+            f = export_dir / name
+            if not f.is_file():
+                raise FileNotFoundError(f"the exported model lacks {name}")
+            if sha256_file(f) != digest:
+                raise ValueError(f"{name} does not match its sha256 in the manifest")
+    return manifest
+
+
+# A runtime: (export_dir, manifest, device) → run(feed: {input name: array}) → logits.
+Runtime = Callable[[Path, dict, str], Callable[[dict[str, np.ndarray]], np.ndarray]]
+
+
+def _paddle_inference(export_dir: Path, manifest: dict, device: str):
+    import paddle.inference as pi
+
+    config = pi.Config(
+        str(export_dir / manifest["model_file"]), str(export_dir / manifest["params_file"])
+    )
+    if device.startswith("gpu"):
+        config.enable_use_gpu(256, int(device.partition(":")[2] or 0))
+    else:
+        config.disable_gpu()
+        config.set_cpu_math_library_num_threads(1)
+    config.disable_glog_info()
+    predictor = pi.create_predictor(config)
+    names = predictor.get_input_names()
+    output = predictor.get_output_handle(predictor.get_output_names()[0])
+
+    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+        for name in names:
+            predictor.get_input_handle(name).copy_from_cpu(feed[name])
+        predictor.run()
+        return output.copy_to_cpu()
+
+    return run
+
+
+def _onnxruntime(export_dir: Path, manifest: dict, device: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    providers = ["CUDAExecutionProvider"] if device.startswith("gpu") else []
+    session = ort.InferenceSession(
+        str(export_dir / manifest["model_file"]),
+        options,
+        providers=[*providers, "CPUExecutionProvider"],
+    )
+    names = [i.name for i in session.get_inputs()]
+
+    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+        return session.run(None, {name: feed[name] for name in names})[0]
+
+    return run
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "paddle_inference": _paddle_inference,
+    "onnxruntime": _onnxruntime,
+}
+
+
+class Predictor:
+    """Inputs in, predictions out (``training.data`` documents their shape)."""
+
+    def __init__(self, manifest: dict, tokenizer: CharTokenizer, run) -> None:
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.space = LabelSpace(manifest["task_kind"], tuple(manifest["labels"]))
+        self.max_length = int(manifest["max_length"])
+        self.threshold = float(manifest.get("threshold", 0.5))
+        self._run = run
+
+    @classmethod
+    def load(cls, export_dir: str | Path, device: str = "cpu") -> "Predictor":
+        export_dir = Path(export_dir)
+        manifest = read_manifest(export_dir)
+        runtime = RUNTIMES.get(manifest["runtime"])
+        if runtime is None:
+            raise ValueError(f"unknown runtime {manifest['runtime']!r} in the manifest")
+        tokenizer = CharTokenizer.from_file(export_dir / manifest["tokenizer"]["vocab"])
+        return cls(manifest, tokenizer, runtime(export_dir, manifest, device))
+
+    def predict(self, items: list, batch_size: int = 32) -> list[dict]:
+        from training.data import Example
+
+        out: list[dict] = []
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            encs = [
+                encode(self.tokenizer, self.space.task_kind, it, self.max_length) for it in chunk
+            ]
+            feed = collate([Example(e, None) for e in encs], self.tokenizer.pad_id)
+            logits = self._run(feed)
+            out.extend(decode(self.space, np.asarray(logits), encs, chunk, self.threshold))
+        return out

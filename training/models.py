@@ -1,0 +1,208 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from console.models import Team
+from labeling.models import DatasetVersion
+from labeling.task_kinds import TaskKind
+
+
+class Backend(models.TextChoices):
+    PADDLE = "paddle", "PaddlePaddle (PaddleNLP)"
+    TORCH = "torch", "PyTorch (Transformers)"
+
+
+class BaseModel(models.Model):
+    """A pretrained model carried into the site and imported from disk: its files in storage,
+    each with its sha256 in ``manifest``. ``team`` empty: shared by every team of the site."""
+
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.CASCADE, related_name="base_models"
+    )
+    name = models.CharField(_("name"), max_length=100)
+    backend = models.CharField(_("backend"), max_length=16, choices=Backend.choices)
+    architecture = models.CharField(max_length=40)
+    # What the import found: layers, hidden size, heads, vocabulary size, parameters…
+    summary = models.JSONField(default=dict)
+    manifest = models.JSONField(default=dict)  # {"files": {path: {"sha256", "size"}}}
+    storage_prefix = models.CharField(max_length=255)
+    source = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="base_model_name_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f["size"] for f in self.manifest.get("files", {}).values())
+
+
+class TrainingJob(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        RUNNING = "running", _("running")
+        SUCCEEDED = "succeeded", _("succeeded")
+        FAILED = "failed", _("failed")
+        CANCELLED = "cancelled", _("cancelled")
+
+    class Priority(models.IntegerChoices):
+        # Celery's priority on Redis: 0 is served first.
+        HIGH = 0, _("high")
+        NORMAL = 5, _("normal")
+        LOW = 9, _("low")
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="training_jobs")
+    name = models.CharField(_("name"), max_length=100)
+    dataset_version = models.ForeignKey(
+        DatasetVersion, on_delete=models.PROTECT, related_name="training_jobs"
+    )
+    task_kind = models.CharField(max_length=32, choices=TaskKind.choices)
+    labels = models.JSONField(default=list)
+    base_model = models.ForeignKey(
+        BaseModel, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
+    preset = models.CharField(max_length=40, blank=True)
+    backend = models.CharField(_("backend"), max_length=16, choices=Backend.choices)
+    hyperparameters = models.JSONField(default=dict)
+    device_type = models.CharField(_("device"), max_length=16, default="cpu")
+    device_count = models.PositiveSmallIntegerField(_("devices"), default=1)
+    priority = models.PositiveSmallIntegerField(
+        _("priority"), choices=Priority.choices, default=Priority.NORMAL
+    )
+    # The job this one retries or clones.
+    origin = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="descendants"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    phase = models.CharField(max_length=16, blank=True)
+    # Why a queued job waits (team limit, no worker for its device).
+    waiting_reason = models.CharField(max_length=300, blank=True)
+    error = models.TextField(blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    celery_task_id = models.CharField(max_length=64, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    # Where the supervising task runs: a job found running whose process is gone was lost.
+    node = models.CharField(max_length=200, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField(default=0)
+    epoch = models.PositiveIntegerField(default=0)
+    epochs = models.PositiveIntegerField(default=0)
+    samples_per_s = models.FloatField(null=True, blank=True)
+    eta_s = models.FloatField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    first_step_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "status"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE
+
+    @property
+    def progress_percent(self) -> int:
+        if self.status == self.Status.SUCCEEDED:
+            return 100
+        return min(99, int(100 * self.step / self.total_steps)) if self.total_steps else 0
+
+    @property
+    def model_source(self) -> str:
+        return self.base_model.name if self.base_model_id else self.preset
+
+
+class TrainingEvent(models.Model):
+    """What the runner reported: state, loss, metrics, checkpoints, log lines."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=16)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["job", "kind", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind}"
+
+
+class ModelVersion(models.Model):
+    """A trained (or imported) model: its exported artifact and best checkpoint in storage, the
+    evaluation on the test split, and its lineage (dataset version → job → model version)."""
+
+    class Source(models.TextChoices):
+        TRAINED = "trained", _("trained")
+        IMPORTED = "imported", _("imported")
+
+    id = models.BigAutoField(primary_key=True)
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="model_versions")
+    name = models.CharField(_("name"), max_length=100)
+    number = models.PositiveIntegerField()
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.TRAINED)
+    job = models.OneToOneField(
+        TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="model_version"
+    )
+    dataset_version = models.ForeignKey(
+        DatasetVersion,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="model_versions",
+    )
+    task_kind = models.CharField(max_length=32, choices=TaskKind.choices)
+    labels = models.JSONField(default=list)
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    runtime = models.CharField(max_length=32)
+    base = models.CharField(max_length=100, blank=True)  # base model or preset name
+    hyperparameters = models.JSONField(default=dict)
+    metrics = models.JSONField(default=dict)  # the test split's summary figures
+    evaluation = models.JSONField(default=dict)  # the whole report
+    manifest = models.JSONField(default=dict)  # the export's manifest.json
+    # Where its files are: ``<prefix>export/…``, ``<prefix>checkpoint/…``.
+    storage_prefix = models.CharField(max_length=255)
+    files = models.JSONField(default=dict)  # {relative path: {"sha256", "size"}}
+    # Lineage as it was where the model was trained, for an imported version.
+    provenance = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "name", "number"], name="model_version_number_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.number}"

@@ -1,0 +1,120 @@
+"""The job runner: ``python -m training.run <workdir>``.
+
+A child process of the train worker's Celery task, started in the runtime venv (Paddle, torch),
+without Django: it reads ``spec.json`` and the data in the work directory, trains with the
+job's backend (resuming from its checkpoint), exports the inference artifact with its manifest,
+evaluates that artifact on the test split, and reports on stdout. A line that starts with
+``@@event`` is a structured event (JSON); every other line is a log line.
+"""
+
+import json
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+EVENT_PREFIX = "@@event "
+
+
+def emit(kind: str, **data) -> None:
+    line = json.dumps({"kind": kind, "t": time.time(), **data}, ensure_ascii=False, default=str)
+    sys.stdout.write(EVENT_PREFIX + line + "\n")
+    sys.stdout.flush()
+
+
+def run(workdir: Path) -> dict:
+    from training.backends import get_backend
+    from training.data import LabelSpace
+    from training.inference import Predictor, write_manifest
+    from training.loop import load_split
+    from training.metrics import evaluate
+    from training.spec import JobSpec
+
+    spec = JobSpec.load(workdir)
+    emit("state", phase="loading")
+    backend = get_backend(spec.backend)
+    state = backend.train(spec, workdir, emit) or {}
+
+    emit("state", phase="exporting")
+    export = workdir / "export"
+    tmp = workdir / "export.new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    files = backend.export(spec, workdir, tmp)
+    space = LabelSpace(spec.task_kind, tuple(spec.labels))
+    write_manifest(
+        tmp,
+        task_kind=spec.task_kind,
+        labels=list(space.labels),
+        head=space.head,
+        tags=list(space.tags) if space.head == "token" else [],
+        threshold=spec.hp.threshold,
+        max_length=spec.hp.max_seq_length,
+        backend=spec.backend,
+        runtime=backend.runtime,
+        **files,
+    )
+    shutil.rmtree(export, ignore_errors=True)
+    tmp.rename(export)
+
+    emit("state", phase="evaluating")
+    split = "test"
+    rows = load_split(workdir, "test", spec.task_kind)
+    if not rows:
+        split, rows = "dev", load_split(workdir, "dev", spec.task_kind)
+    predictor = Predictor.load(export)
+    started = time.perf_counter()
+    preds = predictor.predict(rows)
+    elapsed = time.perf_counter() - started
+    report = evaluate(spec.task_kind, list(space.labels), rows, preds) if rows else {}
+    mistakes = [
+        {"row": row, "predicted": pred}
+        for row, pred in zip(rows, preds, strict=True)
+        if _wrong(spec.task_kind, row, pred)
+    ][:50]
+    evaluation = {
+        "split": split,
+        "rows": len(rows),
+        "metrics": report,
+        "mistakes": mistakes,
+        "history": state.get("history", []),
+        "best_step": state.get("best_step"),
+        "steps": state.get("step"),
+        "train_samples_per_s": state.get("samples_per_s"),
+        "inference_rows_per_s": round(len(rows) / elapsed, 1) if rows and elapsed else None,
+    }
+    (workdir / "evaluation.json").write_text(
+        json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
+    )
+    summary = {k: v for k, v in report.items() if isinstance(v, int | float)}
+    emit("metrics", step=state.get("step"), split=split, metrics=summary)
+    return evaluation
+
+
+def _wrong(kind: str, row: dict, pred: dict) -> bool:
+    if kind == "ner":
+        gold = {(e["start"], e["end"], e["label"]) for e in row.get("entities") or []}
+        return gold != {(e["start"], e["end"], e["label"]) for e in pred["entities"]}
+    if kind == "multi_label":
+        return set(row["labels"]) != set(pred["labels"])
+    return row["label"] != pred["label"]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m training.run <workdir>", file=sys.stderr)
+        return 2
+    try:
+        run(Path(argv[0]))
+    except Exception as exc:
+        traceback.print_exc()
+        sys.stderr.flush()
+        emit("error", message=f"{type(exc).__name__}: {exc}")
+        return 1
+    emit("state", phase="done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

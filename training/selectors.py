@@ -1,0 +1,60 @@
+"""Reads of the training app, shared by console views and the API; all scoped to a team."""
+
+from django.db.models import Q, QuerySet
+from django.http import Http404
+
+from console.models import Team
+from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
+
+
+def team_base_models(team: Team) -> QuerySet[BaseModel]:
+    """The team's own base models and those shared with every team of the site."""
+    return BaseModel.objects.filter(Q(team=team) | Q(team__isnull=True)).order_by("name")
+
+
+def base_model_get(team: Team, model_id: int) -> BaseModel:
+    model = team_base_models(team).filter(pk=model_id).first()
+    if model is None:
+        raise Http404("No such base model.")
+    return model
+
+
+def team_jobs(team: Team) -> QuerySet[TrainingJob]:
+    return TrainingJob.objects.filter(team=team).select_related(
+        "dataset_version__dataset", "base_model", "created_by", "model_version"
+    )
+
+
+def job_get(team: Team, job_id: int) -> TrainingJob:
+    job = team_jobs(team).filter(pk=job_id).first()
+    if job is None:
+        raise Http404("No such training job.")
+    return job
+
+
+def job_events(job: TrainingJob, after: int = 0, limit: int = 2000) -> list[TrainingEvent]:
+    return list(job.events.filter(id__gt=after).order_by("id")[:limit])
+
+
+def job_log_tail(job: TrainingJob, lines: int = 200) -> list[TrainingEvent]:
+    tail = job.events.filter(kind__in=("log", "error", "resumed")).order_by("-id")[:lines]
+    return list(reversed(tail))
+
+
+def team_model_versions(team: Team) -> QuerySet[ModelVersion]:
+    return ModelVersion.objects.filter(team=team).select_related("dataset_version__dataset", "job")
+
+
+def model_version_get(team: Team, version_id: int) -> ModelVersion:
+    version = team_model_versions(team).filter(pk=version_id).first()
+    if version is None:
+        raise Http404("No such model version.")
+    return version
+
+
+def model_versions_get(team: Team, ids: list[int]) -> list[ModelVersion]:
+    found = {v.pk: v for v in team_model_versions(team).filter(pk__in=ids)}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise Http404(f"No model version {missing[0]} in this team.")
+    return [found[i] for i in dict.fromkeys(ids)]

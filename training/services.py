@@ -1,0 +1,901 @@
+"""Every write of the training app: base-model import, job submission, cancel, retry, clone,
+the run of a job on a train worker (supervising the runner process), and the model registry."""
+
+import ctypes
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from console.hardware import profile, profiles
+from console.models import Team
+from console.services import audit_record
+from labeling.models import DatasetVersion
+from training import storage
+from training.backends import available as available_backends
+from training.data import HEADS
+from training.inference import MANIFEST, read_manifest
+from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
+from training.presets import DEFAULT_PRESET, PRESETS, recommended
+from training.spec import Hyperparameters, JobSpec
+from training.tokenizer import CharTokenizer
+
+# -- Base models -----------------------------------------------------------------------------
+
+# What each backend needs of an imported model: alternatives in a tuple.
+REQUIRED_FILES = {
+    "paddle": (
+        ("config.json",),
+        ("model_state.pdparams", "model.safetensors"),
+        ("vocab.txt",),
+        ("tokenizer_config.json",),
+    ),
+    "torch": (("config.json",), ("model.safetensors", "pytorch_model.bin"), ("vocab.txt",)),
+}
+# The architectures each backend builds (config.json's model_type).
+ARCHITECTURES = {"paddle": ("ernie",), "torch": ("bert", "ernie", "roberta")}
+
+
+def _model_type(config: dict) -> str:
+    if config.get("model_type"):
+        return str(config["model_type"]).lower()
+    for arch in config.get("architectures") or []:
+        for known in ("ernie", "bert", "roberta"):
+            if str(arch).lower().startswith(known):
+                return known
+    return ""
+
+
+def inspect_model_dir(directory: Path, backend: str) -> dict:
+    """Check a base model's files for ``backend``; what was found, or a ValidationError that
+    names the missing or wrong file."""
+    if backend not in REQUIRED_FILES:
+        raise ValidationError(_("Unknown backend “%(b)s”.") % {"b": backend})
+    for names in REQUIRED_FILES[backend]:
+        if not any((directory / n).is_file() for n in names):
+            raise ValidationError(
+                _("The model lacks %(file)s (needed by the %(backend)s backend).")
+                % {"file": _(" or ").join(names), "backend": backend}
+            )
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(_("config.json is not valid JSON: %(e)s") % {"e": exc}) from exc
+    arch = _model_type(config)
+    if arch not in ARCHITECTURES[backend]:
+        raise ValidationError(
+            _(
+                "config.json describes the architecture “%(arch)s”; the %(backend)s backend "
+                "builds %(known)s."
+            )
+            % {"arch": arch or "?", "backend": backend, "known": ", ".join(ARCHITECTURES[backend])}
+        )
+    try:
+        vocab = CharTokenizer.from_file(directory / "vocab.txt").vocab
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(_("vocab.txt: %(e)s") % {"e": exc}) from exc
+    weights = next(directory / n for n in REQUIRED_FILES[backend][1] if (directory / n).is_file())
+    return {
+        "architecture": arch,
+        "layers": config.get("num_hidden_layers"),
+        "hidden_size": config.get("hidden_size"),
+        "heads": config.get("num_attention_heads"),
+        "vocab_size": config.get("vocab_size") or len(vocab),
+        "vocab_entries": len(vocab),
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "weights_file": weights.name,
+        # float32 weights: 4 bytes a parameter.
+        "parameters_approx": weights.stat().st_size // 4,
+    }
+
+
+def _import_root_path(path: str) -> Path:
+    root = settings.MODEL_IMPORT_DIR.resolve()
+    target = (root / path).resolve()
+    if target != root and root not in target.parents:
+        raise ValidationError(
+            _("Models are imported from %(root)s on the server; %(path)s is outside it.")
+            % {"root": root, "path": path}
+        )
+    if not target.exists():
+        raise ValidationError(_("%(path)s does not exist on the server.") % {"path": target})
+    return target
+
+
+@transaction.atomic
+def base_model_import(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    name: str,
+    backend: str = "paddle",
+    path: str = "",
+    archive=None,
+    shared: bool = False,
+) -> BaseModel:
+    """Import a base model from a directory or archive under MODEL_IMPORT_DIR (``path``) or an
+    uploaded archive (``archive``, a file object with a name). Nothing is downloaded."""
+    name = name.strip()
+    if not name:
+        raise ValidationError(_("A base model needs a name."))
+    owner = None if shared else team
+    if BaseModel.objects.filter(team=owner, name=name).exists():
+        raise ValidationError(_("A base model named “%(name)s” exists already.") % {"name": name})
+    if bool(path) == (archive is not None):
+        raise ValidationError(_("Give either a path on the server or an archive to upload."))
+    with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:
+        tmp_path = Path(tmp)
+        if archive is not None:
+            local = tmp_path / Path(getattr(archive, "name", "model.tar")).name
+            with open(local, "wb") as f:
+                for chunk in (
+                    archive.chunks()
+                    if hasattr(archive, "chunks")
+                    else iter(lambda: archive.read(1 << 20), b"")
+                ):
+                    f.write(chunk)
+            source = Path(getattr(archive, "name", "upload")).name
+            directory = storage.extract_archive(local, tmp_path / "x")
+        else:
+            target = _import_root_path(path)
+            source = str(target)
+            directory = (
+                target if target.is_dir() else storage.extract_archive(target, tmp_path / "x")
+            )
+        summary = inspect_model_dir(directory, backend)
+        prefix = f"base_models/{uuid.uuid4().hex}/"
+        files = storage.store_dir(directory, prefix)
+    model = BaseModel.objects.create(
+        team=owner,
+        name=name,
+        backend=backend,
+        architecture=summary["architecture"],
+        summary=summary,
+        manifest={"files": files},
+        storage_prefix=prefix,
+        source=source,
+        created_by=actor,
+    )
+    transaction.on_commit(lambda: None)
+    audit_record(
+        action="base_model.import",
+        actor=actor,
+        team=team,
+        target=model,
+        data={"source": source, "backend": backend, "shared": shared, "files": len(files)},
+    )
+    return model
+
+
+@transaction.atomic
+def base_model_delete(*, actor: AbstractBaseUser, team: Team, model: BaseModel) -> None:
+    if model.jobs.exists():
+        raise ValidationError(_("Jobs have trained on this base model; it is kept."))
+    prefix, files = model.storage_prefix, dict(model.manifest.get("files", {}))
+    audit_record(action="base_model.delete", actor=actor, team=team, target=model)
+    model.delete()
+    transaction.on_commit(lambda: storage.delete_prefix(prefix, files))
+
+
+def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
+    """The team's (or the site's shared) base model of this name for ``backend``; an error that
+    lists what is imported otherwise."""
+    from training.selectors import team_base_models
+
+    candidates = team_base_models(team).filter(backend=backend)
+    found = candidates.filter(name=name).order_by("team_id").first()
+    if found is None:
+        names = ", ".join(candidates.values_list("name", flat=True)) or _("none")
+        raise ValidationError(
+            _(
+                "No base model named “%(name)s” is imported for the %(backend)s backend. "
+                "Imported: %(names)s. Presets: %(presets)s."
+            )
+            % {"name": name, "backend": backend, "names": names, "presets": ", ".join(PRESETS)}
+        )
+    return found
+
+
+# -- Jobs ------------------------------------------------------------------------------------
+
+
+def _job_labels(version: DatasetVersion) -> list[str]:
+    dataset = version.dataset
+    labels = list(dataset.labels) or list(version.stats.get("labels", {}))
+    return sorted(labels) if not dataset.labels else labels
+
+
+def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) -> Hyperparameters:
+    values = {**asdict(recommended(task_kind, preset=preset)), **(given or {})}
+    try:
+        hp = Hyperparameters.from_dict(values)
+        for name, kind in Hyperparameters.__annotations__.items():
+            value = getattr(hp, name)
+            if kind is bool and not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false")
+            if kind is int and (isinstance(value, bool) or float(value) != int(float(value))):
+                raise ValueError(f"{name} must be a whole number, not {value!r}")
+            setattr(hp, name, kind(float(value)) if kind is int else kind(value))
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(_("Hyperparameters: %(e)s") % {"e": exc}) from exc
+    checks = [
+        (hp.epochs >= 1, "epochs ≥ 1"),
+        (1 <= hp.batch_size <= 4096, "1 ≤ batch_size ≤ 4096"),
+        (0 < hp.learning_rate < 1, "0 < learning_rate < 1"),
+        (8 <= hp.max_seq_length <= 512, "8 ≤ max_seq_length ≤ 512"),
+        (0 <= hp.warmup_ratio < 1, "0 ≤ warmup_ratio < 1"),
+        (0 <= hp.weight_decay < 1, "0 ≤ weight_decay < 1"),
+        (hp.early_stopping_patience >= 0, "early_stopping_patience ≥ 0"),
+        (0 < hp.threshold < 1, "0 < threshold < 1"),
+        (hp.checkpoint_steps >= 0, "checkpoint_steps ≥ 0"),
+        (
+            hp.metric in ("accuracy", "macro_f1", "micro_f1", "weighted_f1"),
+            "metric is accuracy, macro_f1, micro_f1 or weighted_f1",
+        ),
+    ]
+    for ok, rule in checks:
+        if not ok:
+            raise ValidationError(_("Hyperparameters: %(rule)s.") % {"rule": rule})
+    return hp
+
+
+@transaction.atomic
+def training_job_submit(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    dataset_version: DatasetVersion,
+    backend: str = "paddle",
+    base_model: str = "",
+    preset: str = "",
+    hyperparameters: dict | None = None,
+    device_type: str = "cpu",
+    device_count: int = 1,
+    priority: int = TrainingJob.Priority.NORMAL,
+    name: str = "",
+    origin: TrainingJob | None = None,
+) -> TrainingJob:
+    """Queue a training job on the queue of its device type."""
+    dataset = dataset_version.dataset
+    if dataset.team_id != team.pk:
+        raise ValidationError(_("No such dataset version."))
+    kind = dataset.task_kind
+    if kind not in HEADS:
+        raise ValidationError(_("Task kind %(kind)s cannot be trained yet.") % {"kind": kind})
+    if backend not in available_backends():
+        raise ValidationError(
+            _("No training backend named “%(b)s”; installed: %(all)s.")
+            % {"b": backend, "all": ", ".join(sorted(available_backends()))}
+        )
+    if base_model and preset:
+        raise ValidationError(_("Choose a base model or a preset, not both."))
+    model = base_model_named(team, base_model, backend) if base_model else None
+    if model is None:
+        preset = preset or DEFAULT_PRESET
+        if preset not in PRESETS:
+            raise ValidationError(
+                _("No preset named “%(p)s”; presets: %(all)s.")
+                % {"p": preset, "all": ", ".join(PRESETS)}
+            )
+    labels = _job_labels(dataset_version)
+    if len(labels) < (1 if kind == "ner" else 2):
+        raise ValidationError(
+            _("%(v)s has %(n)d label(s): a model needs at least two classes (one entity type).")
+            % {"v": dataset_version, "n": len(labels)}
+        )
+    if not dataset_version.split_counts.get("train"):
+        raise ValidationError(_("%(v)s has no rows in its train split.") % {"v": dataset_version})
+    hp = _validated_hyperparameters(kind, None if model else preset, hyperparameters or {})
+    try:
+        device = profile(device_type)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from exc
+    if device_count < 1:
+        raise ValidationError(_("A job needs at least one device."))
+    if priority not in TrainingJob.Priority.values:
+        raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
+    job = TrainingJob.objects.create(
+        team=team,
+        name=name.strip()[:100] or f"{dataset.name} v{dataset_version.number}",
+        dataset_version=dataset_version,
+        task_kind=kind,
+        labels=labels,
+        base_model=model,
+        preset="" if model else preset,
+        backend=backend,
+        hyperparameters=asdict(hp),
+        device_type=device.name,
+        device_count=device_count,
+        priority=priority,
+        origin=origin,
+        celery_task_id=uuid.uuid4().hex,
+        created_by=actor,
+    )
+    audit_record(
+        action="training.job_submit",
+        actor=actor,
+        team=team,
+        target=job,
+        data={
+            "dataset_version": str(dataset_version),
+            "backend": backend,
+            "model": job.model_source,
+            "device": f"{device.name}×{device_count}",
+            "origin": origin.pk if origin else None,
+        },
+    )
+    transaction.on_commit(lambda: _enqueue(job))
+    return job
+
+
+def _enqueue(job: TrainingJob, countdown: float | None = None) -> None:
+    from training.tasks import run_training_job
+
+    run_training_job.apply_async(
+        (job.pk,),
+        task_id=job.celery_task_id,
+        queue=profile(job.device_type).queue,
+        priority=job.priority,
+        countdown=countdown,
+    )
+
+
+def _spec_fields(job: TrainingJob) -> dict:
+    return {
+        "dataset_version": job.dataset_version,
+        "backend": job.backend,
+        "base_model": job.base_model.name if job.base_model_id else "",
+        "preset": job.preset,
+        "hyperparameters": dict(job.hyperparameters),
+        "device_type": job.device_type,
+        "device_count": job.device_count,
+        "priority": job.priority,
+    }
+
+
+def training_job_retry(*, actor: AbstractBaseUser, job: TrainingJob) -> TrainingJob:
+    """A new job with the same spec as a failed or cancelled one."""
+    if job.status not in (TrainingJob.Status.FAILED, TrainingJob.Status.CANCELLED):
+        raise ValidationError(_("Only a failed or cancelled job can be retried."))
+    return training_job_submit(
+        actor=actor, team=job.team, origin=job, name=job.name, **_spec_fields(job)
+    )
+
+
+def training_job_clone(
+    *, actor: AbstractBaseUser, job: TrainingJob, changes: dict[str, Any]
+) -> TrainingJob:
+    """A new job like ``job`` with ``changes``: hyperparameters (merged), backend, base_model,
+    preset, device_type, device_count, priority, name."""
+    fields = _spec_fields(job)
+    unknown = set(changes) - set(fields) - {"name"}
+    if unknown:
+        raise ValidationError(_("Unknown field(s): %(f)s.") % {"f": ", ".join(sorted(unknown))})
+    fields["hyperparameters"].update(changes.pop("hyperparameters", None) or {})
+    if changes.get("base_model"):
+        fields["preset"] = ""
+    if changes.get("preset"):
+        fields["base_model"] = ""
+    fields.update(changes)
+    name = fields.pop("name", "") or f"{job.name} (clone)"
+    return training_job_submit(actor=actor, team=job.team, origin=job, name=name, **fields)
+
+
+@transaction.atomic
+def training_job_cancel(*, actor: AbstractBaseUser, job: TrainingJob) -> TrainingJob:
+    """A queued job leaves the queue at once; a running one is stopped by its worker within
+    about a second (its process group is killed)."""
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    if not job.is_active:
+        raise ValidationError(
+            _("The job is %(status)s already; there is nothing to cancel.")
+            % {"status": job.get_status_display()}
+        )
+    job.cancel_requested = True
+    if job.status == TrainingJob.Status.QUEUED:
+        job.status = TrainingJob.Status.CANCELLED
+        job.finished_at = timezone.now()
+        task_id = job.celery_task_id
+        transaction.on_commit(lambda: _revoke(task_id))
+    job.save(update_fields=["cancel_requested", "status", "finished_at"])
+    audit_record(action="training.job_cancel", actor=actor, team=job.team, target=job)
+    return job
+
+
+def _revoke(task_id: str) -> None:
+    from console.celery import app
+
+    app.control.revoke(task_id)
+
+
+# -- Running a job (on a train worker) ---------------------------------------------------------
+
+
+class TeamLimitReached(Exception):
+    pass
+
+
+def job_workdir(job: TrainingJob) -> Path:
+    return Path(settings.TRAINING_WORK_DIR) / "jobs" / str(job.pk)
+
+
+def _finish(job: TrainingJob, status: str, error: str = "") -> None:
+    job.status = status
+    job.error = error
+    job.finished_at = timezone.now()
+    job.phase = ""
+    job.eta_s = None
+    job.save(update_fields=["status", "error", "finished_at", "phase", "eta_s"])
+    audit_record(
+        action=f"training.job_{status}",
+        actor=None,
+        actor_username="system",
+        team=job.team,
+        target=job,
+        data={"error": error[:500]} if error else {},
+    )
+
+
+@transaction.atomic
+def training_job_claim(job_id: int, worker: str) -> TrainingJob | None:
+    """Take a job for this worker, or say why not: None when it is over (cancelled, done, or
+    running elsewhere), TeamLimitReached when the team runs as many jobs as it may."""
+    job = TrainingJob.objects.select_related("team").filter(pk=job_id).first()
+    if job is None:
+        return None
+    Team.objects.select_for_update().get(pk=job.team_id)  # one claim per team at a time
+    job = TrainingJob.objects.select_for_update().get(pk=job_id)
+    if not job.is_active:
+        return None
+    if job.cancel_requested:
+        _finish(job, TrainingJob.Status.CANCELLED)
+        return None
+    now = timezone.now()
+    if job.status == TrainingJob.Status.RUNNING:
+        # Delivered again: its worker died, or it still runs elsewhere (then leave it be).
+        if _still_running(job, now):
+            return None
+        if job.attempts >= settings.TRAINING_MAX_ATTEMPTS:
+            _finish(
+                job,
+                TrainingJob.Status.FAILED,
+                _(
+                    "The worker running this job was lost %(n)d times (last: %(w)s); it is not "
+                    "started again."
+                )
+                % {"n": job.attempts, "w": job.worker or "?"},
+            )
+            return None
+    else:
+        running = TrainingJob.objects.filter(
+            team=job.team_id, status=TrainingJob.Status.RUNNING
+        ).count()
+        limit = settings.TRAINING_TEAM_CONCURRENCY
+        if running >= limit:
+            reason = _("Waiting: the team runs %(n)d jobs, its limit.") % {"n": running}
+            if job.waiting_reason != reason:
+                job.waiting_reason = reason
+                job.save(update_fields=["waiting_reason"])
+            raise TeamLimitReached(reason)
+    job.status = TrainingJob.Status.RUNNING
+    job.attempts += 1
+    job.worker = worker
+    job.node = socket.gethostname()
+    job.pid = os.getpid()
+    job.started_at = job.started_at or now
+    job.heartbeat_at = now
+    job.waiting_reason = ""
+    job.phase = "preparing"
+    job.save()
+    return job
+
+
+def _still_running(job: TrainingJob, now) -> bool:
+    if job.node == socket.gethostname() and job.pid:
+        try:
+            os.kill(job.pid, 0)
+        except ProcessLookupError:
+            return False
+        return job.pid != os.getpid()
+    return bool(job.heartbeat_at and (now - job.heartbeat_at).total_seconds() < 30)
+
+
+def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
+    """spec.json, the version's rows by split, the base model's files. What an earlier attempt
+    left (data, base model, checkpoint) is kept: the runner resumes from its checkpoint."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base_dir = workdir / "base"
+    JobSpec(
+        job_id=job.pk,
+        task_kind=job.task_kind,
+        labels=list(job.labels),
+        backend=job.backend,
+        preset=job.preset or None,
+        base_model_dir=str(base_dir) if job.base_model_id else None,
+        hyperparameters=Hyperparameters.from_dict(job.hyperparameters),
+        device_type=job.device_type,
+        device_count=job.device_count,
+    ).save(workdir)
+    data = workdir / "data"
+    if not (data / ".complete").exists():
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir()
+        outs = {s: open(data / f"{s}.jsonl", "wb") for s in ("train", "dev", "test")}
+        try:
+            with default_storage.open(job.dataset_version.data_file, "rb") as f:
+                for line in f:
+                    split = json.loads(line).get("split", "train")
+                    outs.get(split, outs["train"]).write(line)
+        finally:
+            for out in outs.values():
+                out.close()
+        (data / ".complete").touch()
+    if job.base_model_id and not (base_dir / ".complete").exists():
+        shutil.rmtree(base_dir, ignore_errors=True)
+        model = job.base_model
+        storage.fetch_dir(model.storage_prefix, model.manifest["files"], base_dir)
+        (base_dir / ".complete").touch()
+
+
+def _die_with_parent() -> None:
+    # The runner dies with the task's process: a worker killed mid-job leaves no orphan
+    # holding the device (PR_SET_PDEATHSIG).
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def runner_command(job: TrainingJob, workdir: Path) -> list[str]:
+    return [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)]
+
+
+def runner_env(job: TrainingJob) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}
+    for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY"):
+        env.pop(var, None)  # the runner needs no database, nor the platform's secret
+    if job.backend == "paddle":
+        # paddlenlp imports `datasets`, which imports torch too when it is installed: seconds
+        # of start-up for nothing. (Set per process: transformers reads it once, at import.)
+        env.setdefault("USE_TORCH", "0")
+        env.setdefault("USE_TF", "0")
+    device = profile(job.device_type)
+    if device.visibility_env and device.visibility_env not in env:
+        env[device.visibility_env] = ",".join(str(i) for i in range(job.device_count))
+    return env
+
+
+class _Supervisor:
+    """Reads the runner's output, stores its events, and stops it when the job is cancelled."""
+
+    FLUSH_S = 0.5
+    LOG_TAIL = 40
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        self.pending: list[TrainingEvent] = []
+        self.fields: dict[str, Any] = {}
+        self.log_tail: deque[str] = deque(maxlen=self.LOG_TAIL)
+        self.error = ""
+        self.cancelled = False
+
+    def line(self, text: str) -> None:
+        from training.run import EVENT_PREFIX
+
+        text = text.rstrip("\n")
+        if not text.startswith(EVENT_PREFIX):
+            if text.strip():
+                self.log_tail.append(text[:2000])
+                self._event("log", {"message": text[:2000]})
+            return
+        try:
+            event = json.loads(text[len(EVENT_PREFIX) :])
+        except ValueError:
+            return
+        kind = event.pop("kind", "log")
+        event.pop("t", None)
+        if kind == "progress":
+            self.fields.update(
+                step=event["step"],
+                total_steps=event["total_steps"],
+                epoch=event["epoch"],
+                epochs=event["epochs"],
+                samples_per_s=event["samples_per_s"],
+                eta_s=event["eta_s"],
+            )
+            if self.job.first_step_at is None:
+                self.job.first_step_at = self.fields["first_step_at"] = timezone.now()
+            return
+        if kind == "state":
+            self.fields["phase"] = event["phase"]
+        if kind == "error":
+            self.error = event.get("message", "")
+        self._event(kind, event)
+
+    def _event(self, kind: str, data: dict) -> None:
+        self.pending.append(
+            TrainingEvent(job_id=self.job.pk, kind=kind, attempt=self.job.attempts, data=data)
+        )
+
+    def flush(self) -> None:
+        if self.pending:
+            TrainingEvent.objects.bulk_create(self.pending)
+            self.pending = []
+        TrainingJob.objects.filter(pk=self.job.pk).update(
+            heartbeat_at=timezone.now(), **self.fields
+        )
+        self.fields = {}
+        if TrainingJob.objects.filter(pk=self.job.pk, cancel_requested=True).exists():
+            self.cancelled = True
+
+    def run(self, proc: subprocess.Popen) -> int:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        last_flush = 0.0
+        killed_at = None
+        while True:
+            if sel.select(timeout=self.FLUSH_S):
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                self.line(line.decode("utf-8", "replace"))
+            now = time.monotonic()
+            if now - last_flush >= self.FLUSH_S:
+                last_flush = now
+                self.flush()
+                if self.cancelled and killed_at is None:
+                    killed_at = now
+                    _signal_group(proc, signal.SIGTERM)
+            if killed_at is not None and now - killed_at > 5:
+                _signal_group(proc, signal.SIGKILL)
+        rc = proc.wait()
+        self.flush()
+        return rc
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def training_job_execute(job: TrainingJob) -> None:
+    """Run a claimed job to its end: prepare, supervise the runner, register the model."""
+    workdir = job_workdir(job)
+    sup = _Supervisor(job)
+    try:
+        _prepare_workdir(job, workdir)
+    except Exception as exc:
+        _finish(job, TrainingJob.Status.FAILED, _("Preparing the job failed: %(e)s") % {"e": exc})
+        return
+    if job.attempts > 1:
+        sup._event("log", {"message": f"attempt {job.attempts}: the job starts again"})
+    proc = subprocess.Popen(
+        runner_command(job, workdir),
+        cwd=settings.BASE_DIR,
+        env=runner_env(job),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: cancel kills the whole tree
+        preexec_fn=_die_with_parent,
+    )
+    rc = sup.run(proc)
+    job.refresh_from_db()
+    if sup.cancelled:
+        _finish(job, TrainingJob.Status.CANCELLED)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    if rc != 0:
+        reason = sup.error or _("The runner exited with status %(rc)d.") % {"rc": rc}
+        tail = "\n".join(sup.log_tail)
+        _finish(job, TrainingJob.Status.FAILED, f"{reason}\n\n{tail}".strip())
+        return
+    try:
+        model_version_register(job, workdir)
+    except Exception as exc:
+        _finish(
+            job, TrainingJob.Status.FAILED, _("Registering the model failed: %(e)s") % {"e": exc}
+        )
+        return
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@transaction.atomic
+def training_jobs_reconcile() -> list[int]:
+    """Beat: a running job whose heartbeat stopped (its whole worker died, so Redis would give
+    its task back only after the visibility timeout) is queued again; it resumes from its
+    checkpoint. Returns the ids queued again."""
+    stale = timezone.now() - timezone.timedelta(seconds=120)
+    requeued = []
+    for job in TrainingJob.objects.select_for_update(skip_locked=True).filter(
+        status=TrainingJob.Status.RUNNING, heartbeat_at__lt=stale
+    ):
+        job.celery_task_id = uuid.uuid4().hex
+        job.save(update_fields=["celery_task_id"])
+        transaction.on_commit(lambda job=job: _enqueue(job))
+        requeued.append(job.pk)
+    return requeued
+
+
+# -- Model versions ---------------------------------------------------------------------------
+
+
+def _next_number(team: Team, name: str) -> int:
+    top = ModelVersion.objects.filter(team=team, name=name).aggregate(n=Max("number"))["n"]
+    return (top or 0) + 1
+
+
+@transaction.atomic
+def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
+    """The model of a succeeded job: its export and best checkpoint into storage."""
+    manifest = read_manifest(workdir / "export")
+    evaluation = json.loads((workdir / "evaluation.json").read_text(encoding="utf-8"))
+    uid = uuid.uuid4()
+    prefix = f"models/{uid.hex}/"
+    with tempfile.TemporaryDirectory(prefix="model-") as tmp:
+        staged = Path(tmp)
+        shutil.copytree(workdir / "export", staged / "export")
+        shutil.copytree(workdir / "best", staged / "checkpoint")
+        files = storage.store_dir(staged, prefix)
+    name = job.dataset_version.dataset.name
+    Team.objects.select_for_update().get(pk=job.team_id)
+    version = ModelVersion.objects.create(
+        uid=uid,
+        team=job.team,
+        name=name,
+        number=_next_number(job.team, name),
+        job=job,
+        dataset_version=job.dataset_version,
+        task_kind=job.task_kind,
+        labels=list(job.labels),
+        backend=job.backend,
+        runtime=manifest["runtime"],
+        base=job.model_source,
+        hyperparameters=job.hyperparameters,
+        metrics={k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)},
+        evaluation=evaluation,
+        manifest=manifest,
+        storage_prefix=prefix,
+        files=files,
+        created_by=job.created_by,
+    )
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    _finish(job, TrainingJob.Status.SUCCEEDED)
+    return version
+
+
+def model_version_archive(version: ModelVersion, out) -> None:
+    """Write one .tar.gz of a model version to the binary file ``out``: model.json (what it is
+    and where it came from), export/ and checkpoint/."""
+    meta = {
+        "format": 1,
+        "name": version.name,
+        "number": version.number,
+        "task_kind": version.task_kind,
+        "labels": version.labels,
+        "backend": version.backend,
+        "runtime": version.runtime,
+        "base": version.base,
+        "hyperparameters": version.hyperparameters,
+        "metrics": version.metrics,
+        "evaluation": version.evaluation,
+        "files": version.files,
+        "provenance": version.provenance
+        or {
+            "team": version.team.slug,
+            "dataset": version.dataset_version.dataset.name if version.dataset_version else "",
+            "dataset_version": version.dataset_version.number if version.dataset_version else None,
+            "content_hash": version.dataset_version.content_hash if version.dataset_version else "",
+            "job": version.job_id,
+            "created_at": version.created_at.isoformat(),
+        },
+    }
+    with tarfile.open(fileobj=out, mode="w:gz") as tf:
+        raw = json.dumps(meta, ensure_ascii=False, indent=1).encode()
+        info = tarfile.TarInfo("model.json")
+        info.size = len(raw)
+        tf.addfile(info, _BytesReader(raw))
+        for rel, meta_file in version.files.items():
+            info = tarfile.TarInfo(rel)
+            info.size = meta_file["size"]
+            with default_storage.open(version.storage_prefix + rel, "rb") as f:
+                tf.addfile(info, f)
+
+
+class _BytesReader:
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self._buf = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._buf.read(n)
+
+
+@transaction.atomic
+def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> ModelVersion:
+    """A model version from another site's archive (``model_version_archive``), checked file by
+    file against its sha256."""
+    with tempfile.TemporaryDirectory(prefix="model-import-") as tmp:
+        tmp_path = Path(tmp)
+        local = tmp_path / "model.tar.gz"
+        with open(local, "wb") as f:
+            for chunk in archive.chunks():
+                f.write(chunk)
+        root = storage.extract_archive(local, tmp_path / "x")
+        try:
+            meta = json.loads((root / "model.json").read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ValidationError(_("The archive has no model.json: not a model version.")) from exc
+        except ValueError as exc:
+            raise ValidationError(_("model.json is not valid JSON: %(e)s") % {"e": exc}) from exc
+        if not (root / "export" / MANIFEST).is_file():
+            raise ValidationError(_("The archive lacks export/manifest.json."))
+        try:
+            manifest = read_manifest(root / "export")
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValidationError(str(exc)) from exc
+        (root / "model.json").unlink()
+        uid = uuid.uuid4()
+        prefix = f"models/{uid.hex}/"
+        files = storage.store_dir(root, prefix)
+    name = str(meta.get("name") or "imported")[:100]
+    Team.objects.select_for_update().get(pk=team.pk)
+    version = ModelVersion.objects.create(
+        uid=uid,
+        team=team,
+        name=name,
+        number=_next_number(team, name),
+        source=ModelVersion.Source.IMPORTED,
+        task_kind=manifest["task_kind"],
+        labels=manifest["labels"],
+        backend=manifest.get("backend", meta.get("backend", "")),
+        runtime=manifest["runtime"],
+        base=str(meta.get("base", "")),
+        hyperparameters=meta.get("hyperparameters") or {},
+        metrics=meta.get("metrics") or {},
+        evaluation=meta.get("evaluation") or {},
+        manifest=manifest,
+        storage_prefix=prefix,
+        files=files,
+        provenance=meta.get("provenance") or {},
+        created_by=actor,
+    )
+    audit_record(
+        action="model.import",
+        actor=actor,
+        team=team,
+        target=version,
+        data={"from": meta.get("provenance", {}), "files": len(files)},
+    )
+    return version
+
+
+@transaction.atomic
+def model_version_delete(*, actor: AbstractBaseUser, version: ModelVersion) -> None:
+    prefix, files = version.storage_prefix, dict(version.files)
+    audit_record(action="model.delete", actor=actor, team=version.team, target=version)
+    version.delete()
+    transaction.on_commit(lambda: storage.delete_prefix(prefix, files))
+
+
+def device_types() -> list[str]:
+    return list(profiles())

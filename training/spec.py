@@ -1,0 +1,79 @@
+"""A training job as the runner sees it: ``spec.json`` in the job's work directory.
+
+The platform (Django) writes it; the runner (``python -m training.run``) and the backends read
+it without the ORM, so a job can run on a node that only has the files.
+
+Work directory layout::
+
+    spec.json            this spec
+    data/{train,dev,test}.jsonl   the dataset version's rows of each split
+    base/                the imported base model's files (absent for a preset)
+    checkpoint/          the last checkpoint: weights, optimizer, state.json (resume point)
+    best/                the best weights on the dev metric, with vocab.txt and config
+    export/              the inference artifact and its manifest.json
+    evaluation.json      the test split's metrics
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Hyperparameters:
+    epochs: int = 3
+    batch_size: int = 16
+    learning_rate: float = 5e-5
+    max_seq_length: int = 128
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 42
+    # Stop when the dev metric has not improved for this many evaluations; 0 never stops.
+    early_stopping_patience: int = 0
+    # The dev metric that picks the best checkpoint and drives early stopping.
+    metric: str = "macro_f1"
+    # Multi-label: a label is predicted when its probability reaches this.
+    threshold: float = 0.5
+    # Write a checkpoint every this many steps as well as at the end of each epoch.
+    checkpoint_steps: int = 200
+    # Mixed precision where the device supports it (never on CPU).
+    amp: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Hyperparameters":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+@dataclass
+class JobSpec:
+    job_id: int
+    task_kind: str
+    labels: list[str]
+    backend: str = "paddle"
+    # A preset name (a small model built from a config) or the imported base model's files.
+    preset: str | None = None
+    base_model_dir: str | None = None
+    # The preset's architecture (hidden size, layers…) when ``preset`` is set.
+    model_config: dict = field(default_factory=dict)
+    hyperparameters: Hyperparameters = field(default_factory=Hyperparameters)
+    device_type: str = "cpu"
+    device_count: int = 1
+
+    @property
+    def hp(self) -> Hyperparameters:
+        return self.hyperparameters
+
+    def save(self, workdir: Path) -> None:
+        (workdir / "spec.json").write_text(
+            json.dumps(asdict(self), ensure_ascii=False, indent=2), encoding="utf-8"
+        )
+
+    @classmethod
+    def load(cls, workdir: Path) -> "JobSpec":
+        data = json.loads((workdir / "spec.json").read_text(encoding="utf-8"))
+        data["hyperparameters"] = Hyperparameters.from_dict(data.get("hyperparameters", {}))
+        return cls(**data)

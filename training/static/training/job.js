@@ -1,0 +1,115 @@
+// The job page, live: polls the job's events (the REST API, session login) every second while
+// the job is queued or running, and draws the progress bar, the loss and dev-metric curves and
+// the log tail. No library: the charts are plain SVG.
+(function () {
+  "use strict";
+  const root = document.getElementById("job");
+  if (!root) return;
+  const url = root.dataset.eventsUrl;
+  const COLOURS = ["#1456f0", "#d83931", "#2ea121", "#de7802", "#7f3bf5"];
+  const loss = [];
+  const metrics = {};
+  let after = 0;
+  let wasActive = root.dataset.active === "1";
+
+  function fmtEta(s) {
+    if (s === null || s === undefined) return "–";
+    s = Math.round(s);
+    return s >= 60 ? Math.floor(s / 60) + " min " + (s % 60) + " s" : s + " s";
+  }
+
+  function line(svg, series, names) {
+    const W = 400, H = 200, P = 30;
+    const all = series.flat();
+    svg.innerHTML = "";
+    if (!all.length) return;
+    const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+    const x0 = Math.min(...xs), x1 = Math.max(...xs) || 1;
+    let y0 = Math.min(...ys), y1 = Math.max(...ys);
+    if (y1 === y0) { y1 += 1; y0 -= y0 ? 0 : 0; }
+    const sx = (x) => P + ((x - x0) / (x1 - x0 || 1)) * (W - 2 * P);
+    const sy = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
+    const ns = "http://www.w3.org/2000/svg";
+    const axis = document.createElementNS(ns, "path");
+    axis.setAttribute("d", `M${P},${P} V${H - P} H${W - P}`);
+    axis.setAttribute("class", "axis");
+    svg.appendChild(axis);
+    [[y1, P], [y0, H - P]].forEach(([v, y]) => {
+      const t = document.createElementNS(ns, "text");
+      t.setAttribute("x", 2); t.setAttribute("y", y + 4); t.setAttribute("class", "tick");
+      t.textContent = (+v).toPrecision(3);
+      svg.appendChild(t);
+    });
+    series.forEach((pts, i) => {
+      if (!pts.length) return;
+      const path = document.createElementNS(ns, "polyline");
+      path.setAttribute("points", pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "));
+      path.setAttribute("fill", "none");
+      path.setAttribute("stroke", COLOURS[i % COLOURS.length]);
+      path.setAttribute("stroke-width", "2");
+      path.setAttribute("data-points", pts.length);
+      if (names) path.setAttribute("data-name", names[i]);
+      svg.appendChild(path);
+    });
+  }
+
+  function draw() {
+    line(document.getElementById("loss-chart"), [loss]);
+    const names = Object.keys(metrics).filter((k) => k !== "support");
+    line(document.getElementById("metric-chart"), names.map((k) => metrics[k]), names);
+    document.getElementById("metric-legend").innerHTML = names
+      .map((k, i) => `<span style="color:${COLOURS[i % COLOURS.length]}">■ ${k}</span>`).join(" ");
+  }
+
+  function apply(job, events) {
+    const log = document.getElementById("log");
+    let logged = "";
+    for (const e of events) {
+      after = Math.max(after, e.id);
+      if (e.kind === "loss") loss.push([e.data.step, e.data.loss]);
+      else if (e.kind === "metrics" && e.data.split === "dev") {
+        for (const [k, v] of Object.entries(e.data.metrics)) (metrics[k] = metrics[k] || []).push([e.data.step, v]);
+      } else if (e.kind === "log" || e.kind === "error") logged += e.data.message + "\n";
+      else if (e.kind === "resumed") logged += `— resumed from step ${e.data.step} —\n`;
+    }
+    if (logged) {
+      log.textContent = (log.textContent + logged).split("\n").slice(-300).join("\n");
+      log.scrollTop = log.scrollHeight;
+    }
+    const status = root.querySelector("[data-testid=job-status]");
+    status.dataset.status = job.status;
+    status.textContent = job.status;
+    root.querySelector("[data-testid=job-phase]").textContent = job.phase || "";
+    root.querySelector("[data-testid=waiting]").textContent = job.waiting_reason || "";
+    root.querySelector("[data-testid=progress-bar]").style.width = job.progress_percent + "%";
+    for (const k of ["step", "total_steps", "epoch", "epochs", "samples_per_s"]) {
+      const el = root.querySelector(`[data-k=${k}]`);
+      if (el) el.textContent = job[k] ?? "–";
+    }
+    root.querySelector("[data-k=eta]").textContent = fmtEta(job.eta_s);
+    if (job.error) {
+      const box = root.querySelector("[data-testid=job-error]");
+      box.hidden = false;
+      box.textContent = job.error;
+    }
+    if (events.length) draw();
+  }
+
+  async function poll() {
+    let active = true;
+    try {
+      for (;;) {
+        const r = await fetch(`${url}?after=${after}`, { headers: { Accept: "application/json" } });
+        if (!r.ok) break;
+        const body = await r.json();
+        apply(body.job, body.events);
+        active = body.job.status === "queued" || body.job.status === "running";
+        if (body.events.length < 2000) break;
+      }
+    } catch (err) { /* the next poll tries again */ }
+    if (active) setTimeout(poll, 1000);
+    else if (wasActive) { wasActive = false; window.location.reload(); }
+  }
+  document.getElementById("log").textContent = "";
+  poll();
+})();

@@ -1,0 +1,90 @@
+"""Files of the training app in Django's storage (filesystem or S3): base models and model
+versions are directories stored under a prefix; the runner gets local copies."""
+
+import hashlib
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from django.core.exceptions import ValidationError
+from django.core.files import File
+from django.core.files.storage import default_storage
+from django.utils.translation import gettext as _
+
+
+def store_dir(local: Path, prefix: str) -> dict[str, dict]:
+    """Copy every file under ``local`` into storage at ``prefix``; {relative path: sha256, size}."""
+    files: dict[str, dict] = {}
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        rel = path.relative_to(local).as_posix()
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            f.seek(0)
+            saved = default_storage.save(prefix + rel, File(f, name=path.name))
+        if saved != prefix + rel:
+            raise RuntimeError(f"storage renamed {prefix + rel} to {saved}")
+        files[rel] = {"sha256": digest.hexdigest(), "size": path.stat().st_size}
+    return files
+
+
+def fetch_dir(prefix: str, files: dict[str, dict], local: Path, only: str = "") -> None:
+    """Copy stored files (those under ``only``, if given) to ``local``, checking each sha256."""
+    for rel, meta in files.items():
+        if only and not rel.startswith(only):
+            continue
+        target = local / rel[len(only) :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with default_storage.open(prefix + rel, "rb") as src, open(target, "wb") as dst:
+            for block in iter(lambda: src.read(1 << 20), b""):
+                digest.update(block)
+                dst.write(block)
+        if digest.hexdigest() != meta["sha256"]:
+            raise ValueError(f"{rel} in storage does not match its sha256: the file is damaged")
+
+
+def delete_prefix(prefix: str, files: dict[str, dict]) -> None:
+    for rel in files:
+        default_storage.delete(prefix + rel)
+
+
+def _safe_member(name: str) -> bool:
+    path = PurePosixPath(name)
+    return not path.is_absolute() and ".." not in path.parts
+
+
+def extract_archive(archive: Path, dest: Path) -> Path:
+    """Extract a .tar(.gz) or .zip into ``dest``, refusing members that would land outside it
+    (absolute paths, ``..``, links), and return the directory that holds the files (the one
+    folder inside when the archive wraps everything in one)."""
+    name = archive.name.lower()
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                bad = [m for m in zf.namelist() if not _safe_member(m)]
+                if bad:
+                    raise ValidationError(
+                        _("The archive has a path outside itself: %(name)s") % {"name": bad[0]}
+                    )
+                zf.extractall(dest)  # noqa: S202 - every name checked above
+        elif tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as tf:
+                # The "data" filter refuses absolute paths, "..", links out and device files.
+                tf.extractall(dest, filter="data")
+        else:
+            raise ValidationError(
+                _("%(name)s is neither a .tar, .tar.gz nor a .zip archive.") % {"name": name}
+            )
+    except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise ValidationError(
+            _("The archive %(name)s cannot be read: %(error)s")
+            % {"name": archive.name, "error": exc}
+        ) from exc
+    entries = [p for p in dest.iterdir() if not p.name.startswith((".", "__MACOSX"))]
+    if len(entries) == 1 and entries[0].is_dir():
+        return entries[0]
+    return dest
