@@ -19,7 +19,7 @@ if [ -z "${SECRET_KEY:-}" ]; then
   export SECRET_KEY
 fi
 
-processes=(web worker beat)
+processes=(web worker train beat)
 if [ -z "${REDIS_URL:-}" ]; then
   export PLATFORM_REDIS_PORT="${PLATFORM_REDIS_PORT:-6380}"
   export REDIS_URL="redis://127.0.0.1:$PLATFORM_REDIS_PORT/0"

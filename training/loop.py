@@ -105,6 +105,7 @@ def predict_rows(ops: ModelOps, space, tokenizer, rows, max_length, threshold, b
 def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     """Train; returns the final state (history of dev metrics, best step)."""
     hp = spec.hp
+    started = time.perf_counter()
     train_rows = load_split(workdir, "train", spec.task_kind)
     dev_rows = load_split(workdir, "dev", spec.task_kind)
     if not train_rows:
@@ -147,7 +148,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
 
         _write_dir(workdir / BEST, write)
 
-    emit("state", phase="training")
+    # Model building (framework import, vocabulary, encoding, the model): apart from the steps.
+    emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))
     samples, busy = 0, 0.0
     stopped = False
     for epoch in range(state["epoch"], hp.epochs):

@@ -609,8 +609,7 @@ class _Supervisor:
             event = json.loads(text[len(EVENT_PREFIX) :])
         except ValueError:
             return
-        kind = event.pop("kind", "log")
-        event.pop("t", None)
+        kind = event.pop("kind", "log")  # "t", the runner's clock, is kept: benchmarks use it
         if kind == "progress":
             self.fields.update(
                 step=event["step"],

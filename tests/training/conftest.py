@@ -25,14 +25,22 @@ def rows_for(kind: str, n: int = 80, seed: int = 0) -> tuple[list[dict], dict]:
             labels = ["好评" if positive else "差评"] + (["物流"] if i % 3 == 0 else [])
             rows.append({"text": text + ("物流快" if i % 3 == 0 else ""), "labels": labels})
         elif kind == "text_pair":
-            rows.append({"text_a": text, "text_b": rng.choice(POS if positive else NEG),
-                         "label": "相似" if positive else "不相似"})
+            rows.append(
+                {
+                    "text_a": text,
+                    "text_b": rng.choice(POS if positive else NEG),
+                    "label": "相似" if positive else "不相似",
+                }
+            )
         else:
             city = rng.choice(["北京", "上海", "广州", "深圳"])
             prefix = FILLER[: rng.randint(2, 8)]
-            rows.append({"text": f"{prefix}{city}{word}",
-                         "entities": [{"start": len(prefix), "end": len(prefix) + 2,
-                                       "label": "地点"}]})
+            rows.append(
+                {
+                    "text": f"{prefix}{city}{word}",
+                    "entities": [{"start": len(prefix), "end": len(prefix) + 2, "label": "地点"}],
+                }
+            )
     mapping = {f: f for f in rows[0]}
     return rows, mapping
 
@@ -60,12 +68,11 @@ def train_worker(django_db_setup, celery_worker_process):
     stop_worker(proc)
 
 
-def wait_for(job, statuses=("succeeded", "failed", "cancelled"), timeout: float = 180,
-             until=None):
+def wait_for(job, statuses=("succeeded", "failed", "cancelled"), timeout: float = 180, until=None):
     deadline = time.monotonic() + timeout
     while True:
         job.refresh_from_db()
-        if (until(job) if until else job.status in statuses):
+        if until(job) if until else job.status in statuses:
             return job
         assert time.monotonic() < deadline, (
             f"job {job.pk} is {job.status} ({job.phase}) after {timeout} s: {job.error}"
