@@ -456,10 +456,17 @@ def _finish(job: TrainingJob, status: str, error: str = "") -> None:
     )
 
 
-@transaction.atomic
 def training_job_claim(job_id: int, worker: str) -> TrainingJob | None:
     """Take a job for this worker, or say why not: None when it is over (cancelled, done, or
     running elsewhere), TeamLimitReached when the team runs as many jobs as it may."""
+    claimed = _claim(job_id, worker)
+    if isinstance(claimed, str):
+        raise TeamLimitReached(claimed)
+    return claimed
+
+
+@transaction.atomic
+def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     job = TrainingJob.objects.select_related("team").filter(pk=job_id).first()
     if job is None:
         return None
@@ -496,7 +503,7 @@ def training_job_claim(job_id: int, worker: str) -> TrainingJob | None:
             if job.waiting_reason != reason:
                 job.waiting_reason = reason
                 job.save(update_fields=["waiting_reason"])
-            raise TeamLimitReached(reason)
+            return reason
     job.status = TrainingJob.Status.RUNNING
     job.attempts += 1
     job.worker = worker
@@ -717,21 +724,42 @@ def training_job_execute(job: TrainingJob) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-@transaction.atomic
 def training_jobs_reconcile() -> list[int]:
     """Beat: a running job whose heartbeat stopped (its whole worker died, so Redis would give
-    its task back only after the visibility timeout) is queued again; it resumes from its
-    checkpoint. Returns the ids queued again."""
-    stale = timezone.now() - timezone.timedelta(seconds=120)
-    requeued = []
-    for job in TrainingJob.objects.select_for_update(skip_locked=True).filter(
-        status=TrainingJob.Status.RUNNING, heartbeat_at__lt=stale
-    ):
-        job.celery_task_id = uuid.uuid4().hex
-        job.save(update_fields=["celery_task_id"])
-        transaction.on_commit(lambda job=job: _enqueue(job))
-        requeued.append(job.pk)
+    its task back only after the visibility timeout) is queued again and resumes from its
+    checkpoint; a queued job whose device queue no worker consumes says so. Returns the ids
+    queued again."""
+    with transaction.atomic():
+        stale = timezone.now() - timezone.timedelta(seconds=120)
+        requeued = []
+        for job in TrainingJob.objects.select_for_update(skip_locked=True).filter(
+            status=TrainingJob.Status.RUNNING, heartbeat_at__lt=stale
+        ):
+            job.celery_task_id = uuid.uuid4().hex
+            job.save(update_fields=["celery_task_id"])
+            transaction.on_commit(lambda job=job: _enqueue(job))
+            requeued.append(job.pk)
+    queued = TrainingJob.objects.filter(status=TrainingJob.Status.QUEUED)
+    if queued.exists():
+        served = consumed_queues()
+        for job in queued:
+            queue = profile(job.device_type).queue
+            no_worker = _(
+                "Waiting: no worker serves %(queue)s (no node has a %(device)s device)."
+            ) % {"queue": queue, "device": job.device_type}
+            if queue not in served and job.waiting_reason != no_worker:
+                TrainingJob.objects.filter(pk=job.pk).update(waiting_reason=no_worker)
+            elif queue in served and job.waiting_reason == no_worker:
+                TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="")
     return requeued
+
+
+def consumed_queues() -> set[str]:
+    """The queues some live worker consumes."""
+    from console.celery import app
+
+    replies = app.control.inspect(timeout=1).active_queues() or {}
+    return {q["name"] for queues in replies.values() for q in queues}
 
 
 # -- Model versions ---------------------------------------------------------------------------
