@@ -176,6 +176,30 @@ def heatmap(confusion: dict) -> list[dict]:
     return rows
 
 
+def _answer(item: dict) -> str:
+    if "entities" in item:
+        return (
+            ", ".join(
+                f"{e.get('text', '')}[{e['start']}:{e['end']}] {e['label']}"
+                for e in item["entities"]
+            )
+            or "∅"
+        )
+    if "labels" in item:
+        return ", ".join(item["labels"]) or "∅"
+    return str(item.get("label", ""))
+
+
+def mistakes(evaluation: dict, limit: int = 20) -> list[dict]:
+    """The first wrong predictions of the test split, as text, true and predicted answers."""
+    rows = []
+    for m in evaluation.get("mistakes", [])[:limit]:
+        row = m["row"]
+        text = row.get("text") or f"{row.get('text_a', '')} ‖ {row.get('text_b', '')}"
+        rows.append({"text": text, "true": _answer(row), "predicted": _answer(m["predicted"])})
+    return rows
+
+
 @team_view(write=Perm.TRAINING_WRITE)
 def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
     version = selectors.model_version_get(request.team, model_version_id)
@@ -195,6 +219,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "version": version,
             "metrics": metrics,
             "heatmap": heatmap(metrics.get("confusion", {})),
+            "mistakes": mistakes(version.evaluation),
             "can_write": _can(request, Perm.TRAINING_WRITE),
         },
     )

@@ -1,6 +1,8 @@
 import os
 import random
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +80,43 @@ def wait_for(job, statuses=("succeeded", "failed", "cancelled"), timeout: float 
             f"job {job.pk} is {job.status} ({job.phase}) after {timeout} s: {job.error}"
         )
         time.sleep(0.3)
+
+
+def stored_model(team, owner, tmp_path: Path, **fields):
+    """A model version with real files in storage (a made-up export), as a job leaves one."""
+    from training import storage
+    from training.inference import write_manifest
+
+    export = tmp_path / "staged" / "export"
+    export.mkdir(parents=True)
+    (export / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n好\n", encoding="utf-8")
+    (export / "model.onnx").write_bytes(b"\x08\x01 not really onnx")
+    manifest = write_manifest(
+        export,
+        task_kind="text_classification",
+        labels=["正面", "负面"],
+        head="single",
+        max_length=32,
+        backend="torch",
+        runtime="onnxruntime",
+        model_file="model.onnx",
+    )
+    prefix = f"models/{uuid.uuid4().hex}/"
+    files = storage.store_dir(tmp_path / "staged", prefix)
+    from training.models import ModelVersion
+
+    values = dict(
+        team=team,
+        name="reviews",
+        number=1,
+        task_kind="text_classification",
+        labels=["正面", "负面"],
+        backend="torch",
+        runtime="onnxruntime",
+        manifest=manifest,
+        metrics={"accuracy": 0.9},
+        storage_prefix=prefix,
+        files=files,
+        created_by=owner,
+    )
+    return ModelVersion.objects.create(**{**values, **fields})

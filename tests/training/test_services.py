@@ -3,8 +3,6 @@ cancel of a queued job, clone, validation; the model registry's archive round tr
 
 import io
 import json
-import uuid
-from pathlib import Path
 
 import pytest
 import redis
@@ -13,8 +11,8 @@ from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
+from tests.training.conftest import stored_model
 from training import services
-from training.inference import write_manifest
 from training.models import ModelVersion, TrainingJob
 
 
@@ -157,44 +155,8 @@ def test_reconcile_requeues_a_job_whose_worker_stopped_beating_and_names_missing
         TrainingJob.objects.update(status="cancelled")
 
 
-def _stored_model(team, owner, tmp_path: Path) -> ModelVersion:
-    """A model version with real files in storage (a made-up export), as a job leaves one."""
-    from training import storage
-
-    export = tmp_path / "staged" / "export"
-    export.mkdir(parents=True)
-    (export / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n好\n", encoding="utf-8")
-    (export / "model.onnx").write_bytes(b"\x08\x01 not really onnx")
-    manifest = write_manifest(
-        export,
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-        head="single",
-        max_length=32,
-        backend="torch",
-        runtime="onnxruntime",
-        model_file="model.onnx",
-    )
-    prefix = f"models/{uuid.uuid4().hex}/"
-    files = storage.store_dir(tmp_path / "staged", prefix)
-    return ModelVersion.objects.create(
-        team=team,
-        name="reviews",
-        number=1,
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-        backend="torch",
-        runtime="onnxruntime",
-        manifest=manifest,
-        metrics={"accuracy": 0.9},
-        storage_prefix=prefix,
-        files=files,
-        created_by=owner,
-    )
-
-
 def test_a_model_version_travels_as_one_archive(team, owner, make_team, tmp_path):
-    original = _stored_model(team, owner, tmp_path)
+    original = stored_model(team, owner, tmp_path)
     buf = io.BytesIO()
     services.model_version_archive(original, buf)
     elsewhere = make_team("Elsewhere", {owner: "owner"})
@@ -210,7 +172,7 @@ def test_a_model_version_travels_as_one_archive(team, owner, make_team, tmp_path
 def test_a_tampered_archive_is_refused(team, owner, tmp_path):
     import tarfile
 
-    original = _stored_model(team, owner, tmp_path)
+    original = stored_model(team, owner, tmp_path)
     buf = io.BytesIO()
     services.model_version_archive(original, buf)
     buf.seek(0)

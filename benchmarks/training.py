@@ -1,0 +1,394 @@
+"""Training speed: one model trained twice on the same rows in one run, once through the
+platform (training_job_submit → Celery → a real train worker → the runner in .venv-runtime)
+and once by a bare hand-written Paddle loop in a process of its own (same preset, vocabulary,
+encoding, batches, optimizer, seed), and the platform's wait from submit to its first step.
+
+    make bench      # or: .venv/bin/python benchmarks/training.py [--rows N] [--epochs N]
+
+Samples/s of both sides count the same steps: within each epoch, from the end of its first
+step to the end of its last (the platform's `loss` events, timed by the runner's own clock `t`),
+so the model build, the first step's warm-up, evaluation and checkpoints lie outside. Redis is
+REDIS_URL, or a throwaway one (platform/embedded_redis.py); database and data directory are
+throwaway too. Aims: ratio ≥ 0.95; submit → first step under 3 s, model building excluded.
+
+Ends with one JSON line: …, platform_samples_per_s, bare_samples_per_s, ratio,
+submit_to_first_step_s.
+"""
+
+import argparse
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESET = "ernie-micro-char"  # ~0.15 s a step of 16 on a 2-core CPU: ≥ 15 s of steps
+LABELS = ["正面", "负面"]
+POS, NEG = ["很好", "满意", "喜欢", "推荐", "不错"], ["很差", "失望", "讨厌", "退货", "糟糕"]
+CHARS = (
+    "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说"
+    "产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使"
+)
+WORKER_QUEUE = "train.cpu"
+
+# The bare loop, in the runtime venv (Paddle is only there): argv = root, train.jsonl, config.
+BARE = r"""
+import json, sys, time
+started = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import paddle
+import paddle.nn.functional as F
+from paddlenlp.transformers import ErnieConfig, ErnieForSequenceClassification
+from training import data
+from training.presets import PRESETS
+from training.tokenizer import CharTokenizer
+
+cfg = json.loads(sys.argv[3])
+hp = cfg["hp"]
+rows = data.read_rows(sys.argv[2])
+space = data.LabelSpace("text_classification", tuple(cfg["labels"]))
+tokenizer = CharTokenizer.build(row["text"] for row in rows)
+items = data.examples(space, tokenizer, rows, hp["max_seq_length"])
+paddle.set_device("cpu")
+paddle.seed(hp["seed"])
+config = ErnieConfig(vocab_size=len(tokenizer.vocab), num_labels=len(cfg["labels"]),
+                     **PRESETS[cfg["preset"]])
+model = ErnieForSequenceClassification(config)
+decay = {p.name for n, p in model.named_parameters() if not any(k in n for k in ("bias", "norm"))}
+opt = paddle.optimizer.AdamW(learning_rate=hp["learning_rate"], parameters=model.parameters(),
+                             weight_decay=hp["weight_decay"],
+                             apply_decay_param_fun=lambda name: name in decay)
+model.train()
+build_s = time.perf_counter() - started
+total = data.steps_per_epoch(len(items), hp["batch_size"]) * hp["epochs"]
+warmup = int(total * hp["warmup_ratio"])
+peak = hp["learning_rate"]
+ends, losses = [], []
+for epoch in range(hp["epochs"]):
+    for batch in data.batches(items, hp["batch_size"], shuffle_seed=hp["seed"] + epoch):
+        step = len(ends)
+        opt.set_lr(peak * (step + 1) / warmup if step < warmup
+                   else peak * max(0.0, (total - step) / max(1, total - warmup)))
+        feed = data.collate(batch, tokenizer.pad_id, space.head)
+        logits = model(input_ids=paddle.to_tensor(feed["input_ids"]),
+                       token_type_ids=paddle.to_tensor(feed["token_type_ids"]))
+        loss = F.cross_entropy(logits, paddle.to_tensor(feed["labels"]))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        losses.append(float(loss))
+        ends.append(time.time())
+print(json.dumps({"rows": len(items), "vocab": len(tokenizer.vocab), "build_s": build_s,
+                  "ends": ends, "losses": losses}))
+"""
+
+
+def make_rows(n: int, seed: int = 0) -> list[dict]:
+    """Reviews of 20–70 characters whose label one keyword decides (learnable in an epoch)."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data
+    rows = []
+    for i in range(n):
+        positive = i % 2 == 0
+        filler = "".join(rng.choices(CHARS, k=rng.randint(18, 68)))
+        cut = rng.randint(0, len(filler))
+        word = rng.choice(POS if positive else NEG)
+        rows.append({"text": filler[:cut] + word + filler[cut:], "label": LABELS[not positive]})
+    return rows
+
+
+def batch_size_at(step: int, rows: int, batch_size: int, per_epoch: int) -> int:
+    """Samples in global step ``step`` (1-based): the last batch of an epoch may be short."""
+    i = (step - 1) % per_epoch
+    return min(batch_size, rows - i * batch_size)
+
+
+def windows(loss_steps: list[int], per_epoch: int) -> list[tuple[int, int]]:
+    """(first, last) step of each epoch's loss events: the measured steps are first+1..last."""
+    by_epoch: dict[int, list[int]] = {}
+    for step in loss_steps:
+        by_epoch.setdefault((step - 1) // per_epoch, []).append(step)
+    return [(min(s), max(s)) for _e, s in sorted(by_epoch.items()) if max(s) > min(s)]
+
+
+def rate(spans: list[tuple[int, int]], end_of: dict[int, float], sizes) -> tuple[int, float]:
+    samples = sum(sizes(s) for a, b in spans for s in range(a + 1, b + 1))
+    seconds = sum(end_of[b] - end_of[a] for a, b in spans)
+    return samples, seconds
+
+
+def setup_django(tmp: Path) -> None:
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "PLATFORM_DATA_DIR": str(tmp / "data"),
+            "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
+            "SECRET_KEY": "benchmark-only-secret-key-0123456789",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
+    os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)  # the job goes through a real worker
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def import_version(rows: list[dict]):
+    """A dataset version by the real import path (upload, import job, splits 0.8/0.1/0.1),
+    run in this process (eager Celery for the import only)."""
+    from django.contrib.auth import get_user_model
+
+    from console.celery import app
+    from console.services import team_create
+    from labeling import services
+
+    user = get_user_model().objects.create_user("bench")
+    team = team_create(actor=user, name="bench")
+    dataset = services.dataset_create(
+        actor=user, team=team, name="reviews", task_kind="text_classification", labels=LABELS
+    )
+    raw = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+    upload = services.upload_create(actor=user, team=team, filename="r.jsonl", size=len(raw))
+    upload = services.upload_write_chunk(
+        upload=upload, offset=0, stream=io.BytesIO(raw), length=len(raw)
+    )
+    app.conf.task_always_eager = True
+    try:
+        job = services.import_start(
+            actor=user,
+            dataset=dataset,
+            upload=upload,
+            fmt="jsonl",
+            encoding="utf-8",
+            options={"mapping": {"text": "text", "label": "label"}},
+        )
+    finally:
+        app.conf.task_always_eager = False
+    job.refresh_from_db()
+    assert job.status == "succeeded", job.error
+    return user, team, job.version
+
+
+def train_lines(version) -> list[bytes]:
+    """The version's train split, the lines the runner's data/train.jsonl gets, in its order."""
+    from django.core.files.storage import default_storage
+
+    with default_storage.open(version.data_file, "rb") as f:
+        return [line for line in f if json.loads(line).get("split", "train") == "train"]
+
+
+def start_worker(name: str, log: Path) -> subprocess.Popen:
+    from console.celery import app
+
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "console",
+        "worker",
+        "--queues",
+        WORKER_QUEUE,
+        "--pool",
+        "prefork",
+        "--concurrency",
+        "1",
+        "--hostname",
+        f"{name}@%h",
+        "--loglevel",
+        "WARNING",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=os.environ.copy(), stdout=out, stderr=out)
+    deadline = time.monotonic() + 90
+    while True:
+        replies = app.control.ping(timeout=1)
+        if any(n.startswith(name + "@") for reply in replies for n in reply):
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_worker(proc)
+            sys.exit(f"the train worker did not come up; its log:\n{log.read_text()[-3000:]}")
+    others = [
+        worker
+        for worker, queues in (app.control.inspect(timeout=1).active_queues() or {}).items()
+        if not worker.startswith(name + "@") and any(q["name"] == WORKER_QUEUE for q in queues)
+    ]
+    if others:
+        stop_worker(proc)
+        sys.exit(f"other workers consume {WORKER_QUEUE} on this Redis: {', '.join(others)}")
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_platform(user, team, version, hp: dict, timeout: float = 1800):
+    from training.models import TrainingJob
+    from training.services import training_job_submit
+
+    job = training_job_submit(
+        actor=user, team=team, dataset_version=version, preset=PRESET, hyperparameters=hp
+    )
+    deadline, phase = time.monotonic() + timeout, None
+    while job.status in (TrainingJob.Status.QUEUED, TrainingJob.Status.RUNNING):
+        if time.monotonic() > deadline:
+            sys.exit(f"the job is still {job.status} ({job.phase}) after {timeout:.0f} s")
+        time.sleep(0.5)
+        job.refresh_from_db()
+        if job.phase and job.phase != phase:
+            phase = job.phase
+            print(f"  platform: {phase}", flush=True)
+    if job.status != TrainingJob.Status.SUCCEEDED:
+        sys.exit(f"the job {job.status}: {job.error}")
+    return job
+
+
+def run_bare(train_file: Path, labels: list[str], hp: dict) -> dict:
+    config = json.dumps({"labels": labels, "preset": PRESET, "hp": hp}, ensure_ascii=False)
+    python = os.environ.get("TRAINING_PYTHON") or str(ROOT / ".venv-runtime" / "bin" / "python")
+    env = {**os.environ, "USE_TORCH": "0", "USE_TF": "0"}  # as runner_env sets for paddle
+    for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY"):
+        env.pop(var, None)
+    out = subprocess.run(
+        [python, "-c", BARE, str(ROOT), str(train_file), config],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode:
+        sys.exit(f"the bare loop failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+    if not os.environ.get("REDIS_URL"):  # again, under a throwaway Redis
+        embedded = [sys.executable, str(ROOT / "platform" / "embedded_redis.py"), "run", "--"]
+        sys.exit(subprocess.call([*embedded, sys.executable, __file__, *sys.argv[1:]]))
+    hp: dict[str, Any] = {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "max_seq_length": 128,
+        "learning_rate": 1e-3,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+        "seed": 42,
+        "early_stopping_patience": 0,
+        "checkpoint_steps": 0,  # checkpoints only at epoch ends, outside the measured steps
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp_name:
+        tmp = Path(tmp_name)
+        setup_django(tmp)
+        from training.data import steps_per_epoch
+
+        user, team, version = import_version(make_rows(args.rows))
+        train_file = tmp / "train.jsonl"
+        train_file.write_bytes(b"".join(train_lines(version)))
+        n_train = version.split_counts["train"]
+        per_epoch = steps_per_epoch(n_train, hp["batch_size"])
+        print(
+            f"{args.rows} rows, {n_train} in train: {per_epoch} steps an epoch of "
+            f"{hp['batch_size']}, {args.epochs} epochs, preset {PRESET}",
+            flush=True,
+        )
+
+        worker = start_worker(f"bench-train-{os.getpid()}", tmp / "worker.log")
+        try:
+            time.sleep(1)  # an idle worker: its pool process forked and waiting
+            job = run_platform(user, team, version, hp)
+        finally:
+            stop_worker(worker)
+        print("  bare loop: training", flush=True)
+        bare = run_bare(train_file, list(job.labels), hp)
+        report(job, bare, hp, args.rows, n_train, per_epoch)
+
+
+def report(job, bare: dict, hp: dict, rows: int, n_train: int, per_epoch: int) -> None:
+    events = list(job.events.filter(kind__in=("state", "loss")).values_list("kind", "data"))
+    state = {d["phase"]: d for k, d in events if k == "state"}
+    loss_t = {d["step"]: d["t"] for k, d in events if k == "loss"}
+    loss_v = {d["step"]: d["loss"] for k, d in events if k == "loss"}
+    assert job.total_steps == per_epoch * hp["epochs"] == len(bare["ends"]), job.total_steps
+    assert bare["rows"] == n_train, (bare["rows"], n_train)
+    spans = windows(sorted(loss_t), per_epoch)
+    bare_end = dict(enumerate(bare["ends"], start=1))
+
+    def sizes(step: int) -> int:
+        return batch_size_at(step, n_train, hp["batch_size"], per_epoch)
+
+    p_samples, p_seconds = rate(spans, loss_t, sizes)
+    b_samples, b_seconds = rate(spans, bare_end, sizes)
+    platform_rate, bare_rate = p_samples / p_seconds, b_samples / b_seconds
+    ratio = platform_rate / bare_rate
+
+    build_s = float(state["training"]["build_s"])
+    raw_s = (job.first_step_at - job.created_at).total_seconds()
+    first_step_s = loss_t[1] - state["training"]["t"]
+    claim_s = (job.started_at - job.created_at).total_seconds()
+    runner_s = state["loading"]["t"] - job.started_at.timestamp()
+    submit_s = raw_s - build_s
+    last = max(loss_v)
+
+    print(
+        f"measured: {sum(b - a for a, b in spans)} steps, {p_samples} samples, "
+        f"in {len(spans)} epoch windows"
+    )
+    print(
+        f"platform: {platform_rate:8.1f} samples/s  ({p_seconds:.2f} s; the loop's own figure "
+        f"{job.samples_per_s} samples/s, all steps)"
+    )
+    print(f"bare    : {bare_rate:8.1f} samples/s  ({b_seconds:.2f} s)")
+    print(f"ratio   : {ratio:.3f}  (aim ≥ 0.95)")
+    print(
+        f"same training: last loss {loss_v[last]:.6f} (platform) vs "
+        f"{bare['losses'][last - 1]:.6f} (bare) at step {last}"
+    )
+    print(
+        f"submit → first step: {raw_s:.2f} s raw, {build_s:.2f} s of it model building; "
+        f"{submit_s:.2f} s without (aim < 3 s)"
+    )
+    print(
+        f"  submit → claimed {claim_s:.2f} s; claimed → runner up {runner_s:.2f} s; "
+        f"build {build_s:.2f} s; first step {first_step_s:.2f} s "
+        f"(bare loop's build {bare['build_s']:.2f} s)"
+    )
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "train_rows": n_train,
+                "steps": sum(b - a for a, b in spans),
+                "build_s": round(build_s, 3),
+                "submit_to_first_step_raw_s": round(raw_s, 3),
+                "platform_samples_per_s": round(platform_rate, 2),
+                "bare_samples_per_s": round(bare_rate, 2),
+                "ratio": round(ratio, 3),
+                "submit_to_first_step_s": round(submit_s, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
