@@ -173,6 +173,15 @@ def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
     stop_worker(proc)
 
 
+@pytest.fixture(scope="session")
+def train_worker(django_db_setup, celery_worker_process):
+    """A real train worker: prefork (so that a killed job process is a lost worker, and its
+    task is given back), queue train.cpu, beside the suite's `default` worker."""
+    proc = start_worker("train.cpu", f"train-{os.getpid()}", pool="prefork")
+    yield proc
+    stop_worker(proc)
+
+
 def pytest_report_header(config) -> list[str]:
     from django.conf import settings
 

@@ -1,6 +1,8 @@
 """Console pages of training: jobs (submit, live progress, cancel, retry, clone), model
 versions (evaluation report, comparison, download, import) and base models (import)."""
 
+import json
+
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -13,6 +15,7 @@ from console.permissions import team_view
 from console.roles import Perm, role_allows
 from training import api, selectors, services
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
+from training.models import TrainingJob
 from training.presets import PRESETS
 
 
@@ -66,6 +69,7 @@ def job(request: HttpRequest, training_job_id: int) -> HttpResponse:
         {
             "job": job,
             "log": selectors.job_log_tail(job),
+            "status_labels": json.dumps(dict(TrainingJob.Status.choices), ensure_ascii=False),
             "can_write": _can(request, Perm.TRAINING_WRITE),
         },
     )

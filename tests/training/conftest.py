@@ -1,4 +1,3 @@
-import os
 import random
 import time
 import uuid
@@ -6,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_jsonl_version, start_worker, stop_worker
+from tests.conftest import make_jsonl_version
 
 POS, NEG = ["很好", "满意", "喜欢", "推荐", "不错"], ["很差", "失望", "讨厌", "退货", "糟糕"]
 FILLER = "这个产品的质量和服务总体来说"
@@ -59,15 +58,6 @@ def make_dataset(team, owner):
         return make_jsonl_version(dataset, owner, rows, mapping)
 
     return make
-
-
-@pytest.fixture(scope="session")
-def train_worker(django_db_setup, celery_worker_process):
-    """A real train worker: prefork (so that a killed job process is a lost worker, and its
-    task is given back), queue train.cpu, beside the suite's `default` worker."""
-    proc = start_worker("train.cpu", f"train-{os.getpid()}", pool="prefork")
-    yield proc
-    stop_worker(proc)
 
 
 def wait_for(job, statuses=("succeeded", "failed", "cancelled"), timeout: float = 180, until=None):

@@ -11,6 +11,7 @@
   const metrics = {};
   let after = 0;
   let wasActive = root.dataset.active === "1";
+  const statusLabels = JSON.parse(root.dataset.statusLabels || "{}");
 
   function fmtEta(s) {
     if (s === null || s === undefined) return "–";
@@ -78,7 +79,7 @@
     }
     const status = root.querySelector("[data-testid=job-status]");
     status.dataset.status = job.status;
-    status.textContent = job.status;
+    status.textContent = statusLabels[job.status] || job.status;
     root.querySelector("[data-testid=job-phase]").textContent = job.phase || "";
     root.querySelector("[data-testid=waiting]").textContent = job.waiting_reason || "";
     root.querySelector("[data-testid=progress-bar]").style.width = job.progress_percent + "%";

@@ -1,0 +1,68 @@
+"""An ML engineer submits a training job from the console, watches its loss and metric curves
+move while the real train worker runs it, and opens the model version's evaluation report."""
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from console.roles import Role
+from labeling import services as labeling_services
+from tests.conftest import make_jsonl_version
+from tests.e2e.test_console import login, shot
+from tests.training.conftest import rows_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def points(page: Page, chart: str) -> int:
+    return page.get_by_test_id(chart).evaluate(
+        "svg => Math.max(0, ...[...svg.querySelectorAll('polyline')].map(p => +p.dataset.points))"
+    )
+
+
+def test_submit_a_job_watch_the_curves_and_open_the_report(
+    page: Page, make_user, make_team, train_worker
+):
+    engineer = make_user("wang", password="Wang-Pass-2026")
+    team = make_team("NLP", {engineer: Role.MAINTAINER})
+    dataset = labeling_services.dataset_create(
+        actor=engineer, team=team, name="评论", task_kind="text_classification"
+    )
+    rows, mapping = rows_for("text_classification", 240)
+    version = make_jsonl_version(dataset, engineer, rows, mapping)
+
+    login(page, "wang", "Wang-Pass-2026")
+    page.goto(f"/t/{team.slug}/training/")
+    page.get_by_test_id("new-job").click()
+    form = page.get_by_test_id("job-form")
+    form.locator("#id_dataset_version").select_option(str(version.pk))
+    form.locator("#id_model").select_option("preset:ernie-micro-char")
+    form.locator("#id_epochs").fill("25")
+    form.locator("#id_batch_size").fill("8")
+    shot(page, "training-new-job")
+    page.get_by_test_id("submit-job").click()
+
+    # The job page follows the run without a reload: the curves grow, the bar moves.
+    status = page.get_by_test_id("job-status")
+    expect(status).to_have_attribute("data-status", "running", timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#loss-chart polyline')?.dataset.points >= 2", timeout=60_000
+    )
+    first = points(page, "loss-chart")
+    page.wait_for_function(
+        f"document.querySelector('#loss-chart polyline').dataset.points > {first}",
+        timeout=60_000,
+    )
+    page.wait_for_function(
+        "document.querySelector('#metric-chart polyline')?.dataset.points >= 2", timeout=60_000
+    )
+    expect(page.get_by_test_id("progress-bar")).not_to_have_attribute("style", "width: 0%")
+    shot(page, "training-job-running")
+
+    # Done: the page reloads once and links the model version.
+    expect(status).to_have_attribute("data-status", "succeeded", timeout=120_000)
+    page.get_by_test_id("model-link").get_by_role("link").click()
+    expect(page.get_by_test_id("metrics")).to_contain_text("accuracy")
+    expect(page.get_by_test_id("confusion")).to_contain_text("正面")
+    expect(page.get_by_test_id("per-label")).to_contain_text("负面")
+    expect(page.get_by_test_id("lineage")).to_contain_text("评论 v1")
+    shot(page, "training-report")
