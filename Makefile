@@ -71,7 +71,7 @@ lint: install-test
 
 # Refresh the catalogs from the sources (needs GNU gettext; developers only).
 messages: install
-	$(PY) manage.py makemessages --locale zh_Hans --no-obsolete --ignore '.venv/*' --ignore 'var/*' --ignore 'tests/*'
+	$(PY) manage.py makemessages --locale zh_Hans --no-obsolete --ignore '.venv/*' --ignore '.venv-runtime/*' --ignore '.venv-labelstudio/*' --ignore 'var/*' --ignore 'tests/*'
 
 bench: install-test
 	@set -e; for f in benchmarks/*.py; do [ -e "$$f" ] || continue; echo "== $$f"; $(PY) "$$f"; done
