@@ -134,7 +134,7 @@ def base_model_import(
     shared: bool = False,
 ) -> BaseModel:
     """Import a base model from a directory or archive under MODEL_IMPORT_DIR (``path``) or an
-    uploaded archive (``archive``, a file object with a name). Nothing is downloaded."""
+    uploaded archive (``archive``, an UploadedFile). Nothing is downloaded."""
     name = name.strip()
     if not name:
         raise ValidationError(_("A base model needs a name."))
@@ -146,15 +146,11 @@ def base_model_import(
     with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:
         tmp_path = Path(tmp)
         if archive is not None:
-            local = tmp_path / Path(getattr(archive, "name", "model.tar")).name
+            source = Path(archive.name or "upload").name
+            local = tmp_path / "upload.archive"  # never a path from the client's file name
             with open(local, "wb") as f:
-                for chunk in (
-                    archive.chunks()
-                    if hasattr(archive, "chunks")
-                    else iter(lambda: archive.read(1 << 20), b"")
-                ):
+                for chunk in archive.chunks():
                     f.write(chunk)
-            source = Path(getattr(archive, "name", "upload")).name
             directory = storage.extract_archive(local, tmp_path / "x")
         else:
             target = _import_root_path(path)
@@ -176,7 +172,6 @@ def base_model_import(
         source=source,
         created_by=actor,
     )
-    transaction.on_commit(lambda: None)
     audit_record(
         action="base_model.import",
         actor=actor,
@@ -312,6 +307,13 @@ def training_job_submit(
         raise ValidationError(str(exc)) from exc
     if device_count < 1:
         raise ValidationError(_("A job needs at least one device."))
+    if device_count > 1:
+        # Until jobs run under Paddle's distributed launcher (or torchrun), a job asking for
+        # several devices would silently train on one: refused instead.
+        raise ValidationError(
+            _("Training on %(n)d devices at once is not available yet: choose one device.")
+            % {"n": device_count}
+        )
     if priority not in TrainingJob.Priority.values:
         raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
     job = TrainingJob.objects.create(

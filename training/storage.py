@@ -60,7 +60,6 @@ def extract_archive(archive: Path, dest: Path) -> Path:
     """Extract a .tar(.gz) or .zip into ``dest``, refusing members that would land outside it
     (absolute paths, ``..``, links), and return the directory that holds the files (the one
     folder inside when the archive wraps everything in one)."""
-    name = archive.name.lower()
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
@@ -76,13 +75,12 @@ def extract_archive(archive: Path, dest: Path) -> Path:
                 tf.extractall(dest, filter="data")
         else:
             raise ValidationError(
-                _("%(name)s is neither a .tar, .tar.gz nor a .zip archive.") % {"name": name}
+                _("The file is neither a .tar, .tar.gz nor a .zip archive.")
             )
     except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise ValidationError(
-            _("The archive %(name)s cannot be read: %(error)s")
-            % {"name": archive.name, "error": exc}
+            _("The archive cannot be read: %(error)s") % {"error": exc}
         ) from exc
     entries = [p for p in dest.iterdir() if not p.name.startswith((".", "__MACOSX"))]
     if len(entries) == 1 and entries[0].is_dir():

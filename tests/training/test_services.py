@@ -43,6 +43,7 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
         ({"device_type": "tpu"}, "unknown device type 'tpu'"),
         ({"backend": "jax"}, "No training backend named “jax”"),
         ({"preset": "gpt-5"}, "No preset named “gpt-5”"),
+        ({"device_count": 2}, "Training on 2 devices at once is not available yet"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_reason(team, owner, version, changes, message):
