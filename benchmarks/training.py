@@ -309,7 +309,8 @@ def main() -> None:
         per_epoch = steps_per_epoch(n_train, hp["batch_size"])
         print(
             f"{args.rows} rows, {n_train} in train: {per_epoch} steps an epoch of "
-            f"{hp['batch_size']}, {args.epochs} epochs, preset {PRESET}",
+            f"{hp['batch_size']}, {args.epochs} epochs, preset {PRESET}; load average "
+            f"{os.getloadavg()[0]:.2f} (other work on the CPU skews both sides)",
             flush=True,
         )
 
@@ -325,10 +326,14 @@ def main() -> None:
 
 
 def report(job, bare: dict, hp: dict, rows: int, n_train: int, per_epoch: int) -> None:
-    events = list(job.events.filter(kind__in=("state", "loss")).values_list("kind", "data"))
-    state = {d["phase"]: d for k, d in events if k == "state"}
-    loss_t = {d["step"]: d["t"] for k, d in events if k == "loss"}
-    loss_v = {d["step"]: d["loss"] for k, d in events if k == "loss"}
+    events = list(
+        job.events.filter(kind__in=("state", "loss")).values_list("kind", "data", "created_at")
+    )
+    state = {d["phase"]: d for k, d, _c in events if k == "state"}
+    loss_t = {d["step"]: d["t"] for k, d, _c in events if k == "loss"}
+    loss_v = {d["step"]: d["loss"] for k, d, _c in events if k == "loss"}
+    # How long a loss line waited before the supervisor read it (created_at: when it was read).
+    read_lag = [c.timestamp() - d["t"] for k, d, c in events if k == "loss"]
     assert job.total_steps == per_epoch * hp["epochs"] == len(bare["ends"]), job.total_steps
     assert bare["rows"] == n_train, (bare["rows"], n_train)
     spans = windows(sorted(loss_t), per_epoch)
@@ -342,12 +347,18 @@ def report(job, bare: dict, hp: dict, rows: int, n_train: int, per_epoch: int) -
     platform_rate, bare_rate = p_samples / p_seconds, b_samples / b_seconds
     ratio = platform_rate / bare_rate
 
+    # Submit → first step, piece by piece (the runner's `t` and the database's times share the
+    # machine's clock).
     build_s = float(state["training"]["build_s"])
     raw_s = (job.first_step_at - job.created_at).total_seconds()
-    first_step_s = loss_t[1] - state["training"]["t"]
-    claim_s = (job.started_at - job.created_at).total_seconds()
-    runner_s = state["loading"]["t"] - job.started_at.timestamp()
     submit_s = raw_s - build_s
+    pieces = {
+        "queue and claim": (job.started_at - job.created_at).total_seconds(),
+        "workdir and runner start": state["loading"]["t"] - job.started_at.timestamp(),
+        "backend load": state["training"]["t"] - build_s - state["loading"]["t"],
+        "first step": loss_t[1] - state["training"]["t"],
+        "until the supervisor read it": job.first_step_at.timestamp() - loss_t[1],
+    }
     last = max(loss_v)
 
     print(
@@ -365,13 +376,13 @@ def report(job, bare: dict, hp: dict, rows: int, n_train: int, per_epoch: int) -
         f"{bare['losses'][last - 1]:.6f} (bare) at step {last}"
     )
     print(
-        f"submit → first step: {raw_s:.2f} s raw, {build_s:.2f} s of it model building; "
-        f"{submit_s:.2f} s without (aim < 3 s)"
+        f"submit → first step: {raw_s:.2f} s raw, {build_s:.2f} s of it model building "
+        f"(the bare loop's: {bare['build_s']:.2f} s); {submit_s:.2f} s without (aim < 3 s)"
     )
+    print("  " + "; ".join(f"{name} {s:.2f} s" for name, s in pieces.items()))
     print(
-        f"  submit → claimed {claim_s:.2f} s; claimed → runner up {runner_s:.2f} s; "
-        f"build {build_s:.2f} s; first step {first_step_s:.2f} s "
-        f"(bare loop's build {bare['build_s']:.2f} s)"
+        f"  the supervisor read loss lines {sum(read_lag) / len(read_lag):.2f} s after they "
+        f"were written on average, {max(read_lag):.2f} s at most"
     )
     print(
         json.dumps(

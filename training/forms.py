@@ -37,6 +37,7 @@ class JobForm(forms.Form):
     )
     metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
     threshold = forms.FloatField(required=False, label=_("Multi-label threshold"))
+    dropout = forms.FloatField(required=False, label=_("Dropout"))
 
     HYPERPARAMETERS = (
         "epochs",
@@ -49,6 +50,7 @@ class JobForm(forms.Form):
         "early_stopping_patience",
         "metric",
         "threshold",
+        "dropout",
     )
 
     def __init__(self, *args, team, base_models, **kwargs) -> None:

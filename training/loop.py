@@ -92,6 +92,10 @@ def _recover(target: Path) -> None:
             other.rename(target)
 
 
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
 def predict_rows(ops: ModelOps, space, tokenizer, rows, max_length, threshold, batch_size=64):
     preds: list[dict] = []
     for start in range(0, len(rows), batch_size):
@@ -125,6 +129,12 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     _recover(checkpoint)
     _recover(workdir / BEST)
     ops.build(spec, space, len(tokenizer.vocab))
+    # A multi-device job runs this loop in every process: each trains on its share of every
+    # batch (the framework averages the gradients), all evaluate alike so that they stop alike,
+    # and only the first reports and writes.
+    world, rank = getattr(ops, "world", 1), getattr(ops, "rank", 0)
+    if rank:
+        emit = _silent
     state = {"epoch": 0, "step": 0, "best": None, "best_step": 0, "bad_evals": 0, "history": []}
     if (checkpoint / "state.json").exists():
         ops.load(checkpoint, with_optimizer=True)
@@ -132,6 +142,9 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         emit("resumed", step=state["step"], epoch=state["epoch"])
 
     def save_checkpoint() -> None:
+        if rank:
+            return
+
         def write(tmp: Path) -> None:
             ops.save(tmp, with_optimizer=True)
             tokenizer.save(tmp / VOCAB)
@@ -141,6 +154,9 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         emit("checkpoint", step=state["step"], epoch=state["epoch"])
 
     def save_best() -> None:
+        if rank:
+            return
+
         def write(tmp: Path) -> None:
             ops.save(tmp, with_optimizer=False)
             tokenizer.save(tmp / VOCAB)
@@ -158,8 +174,14 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         for i, batch in enumerate(data.batches(items, hp.batch_size, shuffle_seed=hp.seed + epoch)):
             if i < skip:
                 continue
+            if world > 1:
+                if len(batch) < world:
+                    continue  # too small to share: every process skips it alike
+                share = batch[rank::world]
+            else:
+                share = batch
             t0 = time.perf_counter()
-            feed = data.collate(batch, tokenizer.pad_id, space.head)
+            feed = data.collate(share, tokenizer.pad_id, space.head)
             loss = ops.train_step(feed, learning_rate(spec, state["step"], total))
             busy += time.perf_counter() - t0
             samples += len(batch)

@@ -5,16 +5,33 @@ without Django: it reads ``spec.json`` and the data in the work directory, train
 job's backend (resuming from its checkpoint), exports the inference artifact with its manifest,
 evaluates that artifact on the test split, and reports on stdout. A line that starts with
 ``@@event`` is a structured event (JSON); every other line is a log line.
+
+A job on several devices runs under Paddle's launcher (``python -m paddle.distributed.launch
+--nproc_per_node N training/run.py <workdir>``): every process trains, the first reports.
 """
 
-import json
-import shutil
 import sys
+
+if not __package__:
+    # Started as a script (Paddle's launcher takes a file): its folder would shadow modules of
+    # the standard library (training/selectors.py); the repository root goes there instead.
+    from pathlib import Path as _Path
+
+    sys.path[0] = str(_Path(__file__).resolve().parent.parent)
+
+import json
+import os
+import shutil
 import time
 import traceback
 from pathlib import Path
 
 EVENT_PREFIX = "@@event "
+
+
+def process_rank() -> int:
+    """This process's rank in a multi-device job (Paddle's launcher, torchrun); 0 alone."""
+    return int(os.environ.get("PADDLE_TRAINER_ID") or os.environ.get("RANK") or 0)
 
 
 def emit(kind: str, **data) -> None:
@@ -35,6 +52,8 @@ def run(workdir: Path) -> dict:
     emit("state", phase="loading")
     backend = get_backend(spec.backend)
     state = backend.train(spec, workdir, emit) or {}
+    if process_rank():
+        return {}  # a multi-device job: the first process exports and evaluates
 
     emit("state", phase="exporting")
     export = workdir / "export"

@@ -242,6 +242,7 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
         (0 <= hp.weight_decay < 1, "0 ≤ weight_decay < 1"),
         (hp.early_stopping_patience >= 0, "early_stopping_patience ≥ 0"),
         (0 < hp.threshold < 1, "0 < threshold < 1"),
+        (0 <= hp.dropout < 1, "0 ≤ dropout < 1"),
         (hp.checkpoint_steps >= 0, "checkpoint_steps ≥ 0"),
         (
             hp.metric in ("accuracy", "macro_f1", "micro_f1", "weighted_f1"),
@@ -307,12 +308,13 @@ def training_job_submit(
         raise ValidationError(str(exc)) from exc
     if device_count < 1:
         raise ValidationError(_("A job needs at least one device."))
-    if device_count > 1:
-        # Until jobs run under Paddle's distributed launcher (or torchrun), a job asking for
-        # several devices would silently train on one: refused instead.
+    if device_count > 1 and backend != "paddle":
         raise ValidationError(
-            _("Training on %(n)d devices at once is not available yet: choose one device.")
-            % {"n": device_count}
+            _(
+                "Training on several devices runs on the paddle backend (Paddle's distributed "
+                "launcher); the %(backend)s backend trains on one device."
+            )
+            % {"backend": backend}
         )
     if priority not in TrainingJob.Priority.values:
         raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
@@ -543,6 +545,7 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
         base_model_dir=str(base_dir) if job.base_model_id else None,
         hyperparameters=Hyperparameters.from_dict(job.hyperparameters),
         device_type=job.device_type,
+        device=profile(job.device_type).paddle_device,
         device_count=job.device_count,
     ).save(workdir)
     data = workdir / "data"
@@ -573,7 +576,15 @@ def _die_with_parent() -> None:
 
 
 def runner_command(job: TrainingJob, workdir: Path) -> list[str]:
-    return [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)]
+    """The runner alone, or under Paddle's launcher for several devices: one process per device
+    (gloo between CPU processes), the first one's output on our pipe, the others' in log/."""
+    if job.device_count == 1:
+        return [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)]
+    launch = [settings.TRAINING_PYTHON, "-m", "paddle.distributed.launch", "--nnodes", "1"]
+    launch += ["--nproc_per_node", str(job.device_count), "--log_dir", str(workdir / "log")]
+    if job.device_type != "cpu":
+        launch += ["--devices", ",".join(str(i) for i in range(job.device_count))]
+    return [*launch, str(Path(settings.BASE_DIR) / "training" / "run.py"), str(workdir)]
 
 
 def runner_env(job: TrainingJob) -> dict[str, str]:

@@ -32,6 +32,8 @@ class Hyperparameters:
     early_stopping_patience: int = 0
     # The dev metric that picks the best checkpoint and drives early stopping.
     metric: str = "macro_f1"
+    # Dropout of the encoder's hidden layers and attention (0 makes runs repeatable).
+    dropout: float = 0.1
     # Multi-label: a label is predicted when its probability reaches this.
     threshold: float = 0.5
     # Write a checkpoint every this many steps as well as at the end of each epoch.
@@ -61,6 +63,9 @@ class JobSpec:
     model_config: dict = field(default_factory=dict)
     hyperparameters: Hyperparameters = field(default_factory=Hyperparameters)
     device_type: str = "cpu"
+    # The framework's name of the device type (its hardware profile's paddle_device: Hygon's
+    # DCU is "gpu" on the ROCm build).
+    device: str = "cpu"
     device_count: int = 1
 
     @property

@@ -74,14 +74,10 @@ def extract_archive(archive: Path, dest: Path) -> Path:
                 # The "data" filter refuses absolute paths, "..", links out and device files.
                 tf.extractall(dest, filter="data")
         else:
-            raise ValidationError(
-                _("The file is neither a .tar, .tar.gz nor a .zip archive.")
-            )
+            raise ValidationError(_("The file is neither a .tar, .tar.gz nor a .zip archive."))
     except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
-        raise ValidationError(
-            _("The archive cannot be read: %(error)s") % {"error": exc}
-        ) from exc
+        raise ValidationError(_("The archive cannot be read: %(error)s") % {"error": exc}) from exc
     entries = [p for p in dest.iterdir() if not p.name.startswith((".", "__MACOSX"))]
     if len(entries) == 1 and entries[0].is_dir():
         return entries[0]

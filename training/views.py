@@ -69,7 +69,7 @@ def job(request: HttpRequest, training_job_id: int) -> HttpResponse:
         {
             "job": job,
             "log": selectors.job_log_tail(job),
-            "status_labels": json.dumps(dict(TrainingJob.Status.choices), ensure_ascii=False),
+            "status_labels": json.dumps({k: str(v) for k, v in TrainingJob.Status.choices}),
             "can_write": _can(request, Perm.TRAINING_WRITE),
         },
     )

@@ -109,3 +109,31 @@ def test_a_failed_job_says_why_and_is_retried_as_a_new_job(team, owner, make_dat
     assert retry.origin == job and retry.hyperparameters == job.hyperparameters
     retry = wait_for(retry)
     assert retry.status == "succeeded", retry.error
+
+
+def test_two_cpu_processes_train_one_job_to_the_result_of_one_process(team, owner, make_dataset):
+    """A job on two devices runs under Paddle's launcher (two CPU processes, gloo): each trains
+    on half of every batch and the gradients are averaged, so without dropout it ends where a
+    single process ends."""
+    version = make_dataset(n=80)
+    hp = {"epochs": 4, "batch_size": 16, "dropout": 0.0, "learning_rate": 2e-3}
+    one, two = (
+        services.training_job_submit(
+            actor=owner, team=team, dataset_version=version, hyperparameters=hp, device_count=n
+        )
+        for n in (1, 2)
+    )
+    one, two = wait_for(one), wait_for(two)
+    assert one.status == two.status == "succeeded", (one.error, two.error)
+    assert one.total_steps == two.total_steps
+    launched = " ".join(e.data["message"] for e in two.events.filter(kind="log"))
+    assert "nproc_per_node: 2" in launched and "with_gloo: 1" in launched
+
+    def losses(job):
+        return {e.data["step"]: e.data["loss"] for e in job.events.filter(kind="loss")}
+
+    last = one.total_steps
+    assert losses(two)[last] == pytest.approx(losses(one)[last], rel=1e-3, abs=1e-4)
+    assert two.model_version.metrics["accuracy"] == pytest.approx(
+        one.model_version.metrics["accuracy"], abs=0.05
+    )

@@ -39,11 +39,11 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
     [
         ({"hyperparameters": {"epochs": 0}}, "epochs ≥ 1"),
         ({"hyperparameters": {"epochs": 2.5}}, "whole number"),
-        ({"hyperparameters": {"dropout": 0.1}}, "unknown hyperparameter(s): dropout"),
+        ({"hyperparameters": {"momentum": 0.9}}, "unknown hyperparameter(s): momentum"),
         ({"device_type": "tpu"}, "unknown device type 'tpu'"),
         ({"backend": "jax"}, "No training backend named “jax”"),
         ({"preset": "gpt-5"}, "No preset named “gpt-5”"),
-        ({"device_count": 2}, "Training on 2 devices at once is not available yet"),
+        ({"device_count": 2, "backend": "torch"}, "Training on several devices runs on the paddle"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_reason(team, owner, version, changes, message):

@@ -21,8 +21,12 @@ WEIGHTS = "model_state.pdparams"
 OPTIMIZER = "optimizer.pdopt"
 
 
-def paddle_device(device_type: str) -> str:
-    return "cpu" if device_type == "cpu" else f"{'gpu' if device_type == 'dcu' else device_type}:0"
+def paddle_device(spec: JobSpec) -> str:
+    """The device of this process: the visibility variable leaves the job only its cards, and
+    Paddle's launcher gives each process of a multi-device job its own."""
+    if spec.device == "cpu" or spec.device_count > 1:
+        return spec.device
+    return f"{spec.device}:0"
 
 
 class PaddleOps:
@@ -36,17 +40,22 @@ class PaddleOps:
         from paddlenlp.utils.log import logger
 
         logger.set_level("WARNING")  # not a log line per saved file
-        paddle.set_device(paddle_device(spec.device_type))
+        paddle.set_device(paddle_device(spec))
         paddle.seed(spec.hp.seed)
+        self.world = paddle.distributed.get_world_size()
+        self.rank = paddle.distributed.get_rank()
         self.head = space.head
         cls = ErnieForTokenClassification if space.head == TOKEN else ErnieForSequenceClassification
         if spec.base_model_dir:
             config = ErnieConfig.from_pretrained(spec.base_model_dir)
             config.num_labels = space.num_outputs
-            self.model = cls.from_pretrained(spec.base_model_dir, config=config)
         else:
             arch = {**PRESETS[spec.preset], **spec.model_config}
             config = ErnieConfig(vocab_size=vocab_size, num_labels=space.num_outputs, **arch)
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.hp.dropout
+        if spec.base_model_dir:
+            self.model = cls.from_pretrained(spec.base_model_dir, config=config)
+        else:
             self.model = cls(config)
         decay = [
             p.name
@@ -62,11 +71,17 @@ class PaddleOps:
         self.amp = spec.hp.amp and spec.device_type != "cpu"
         self.scaler = paddle.amp.GradScaler() if self.amp else None
         self.model.train()
+        # Several processes (paddle.distributed.launch): gradients are averaged across them
+        # (gloo on CPUs, the device's collective library otherwise).
+        self.trained = self.model
+        if self.world > 1:
+            paddle.distributed.init_parallel_env()
+            self.trained = paddle.DataParallel(self.model)
 
-    def _forward(self, batch: dict[str, np.ndarray]):
+    def _forward(self, batch: dict[str, np.ndarray], model=None):
         import paddle
 
-        return self.model(
+        return (model or self.model)(
             input_ids=paddle.to_tensor(batch["input_ids"]),
             token_type_ids=paddle.to_tensor(batch["token_type_ids"]),
         )
@@ -89,7 +104,7 @@ class PaddleOps:
 
         self.optimizer.set_lr(lr)
         with paddle.amp.auto_cast(enable=self.amp):
-            loss = self._loss(self._forward(batch), batch["labels"])
+            loss = self._loss(self._forward(batch, self.trained), batch["labels"])
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.minimize(self.optimizer, loss)
@@ -97,6 +112,10 @@ class PaddleOps:
             loss.backward()
             self.optimizer.step()
         self.optimizer.clear_grad()
+        if self.world > 1:  # the loss of the whole batch: the mean of the processes' shares
+            loss = loss.detach()
+            paddle.distributed.all_reduce(loss)
+            return float(loss) / self.world
         return float(loss)
 
     def logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -138,7 +157,7 @@ class PaddleBackend(Backend):
             ErnieForTokenClassification,
         )
 
-        paddle.set_device("cpu")
+        paddle.set_device("cpu")  # export traces the graph; the runtime picks the device
         kind = LabelSpace(spec.task_kind, tuple(spec.labels)).head
         cls = ErnieForTokenClassification if kind == TOKEN else ErnieForSequenceClassification
         model = cls.from_pretrained(str(workdir / BEST))

@@ -101,6 +101,7 @@ def bert_config(spec: JobSpec, vocab_size: int, num_labels: int) -> Any:
 
     arch = {**PRESETS[spec.preset], **spec.model_config}
     arch = {BERT_NAMES.get(k, k): v for k, v in arch.items() if k not in FROM_ARGUMENTS}
+    arch.update(hidden_dropout_prob=spec.hp.dropout, attention_probs_dropout_prob=spec.hp.dropout)
     return BertConfig(vocab_size=vocab_size, num_labels=num_labels, **arch)
 
 
@@ -124,6 +125,8 @@ class TorchOps:
                 local_files_only=True,
                 # the checkpoint's own head (if any) has another number of labels
                 ignore_mismatched_sizes=True,
+                hidden_dropout_prob=spec.hp.dropout,
+                attention_probs_dropout_prob=spec.hp.dropout,
             )
         else:
             config = bert_config(spec, vocab_size, space.num_outputs)
