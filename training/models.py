@@ -117,6 +117,7 @@ class TrainingJob(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["team", "status"])]
+        verbose_name = _("training job")
 
     def __str__(self) -> str:
         return self.name
@@ -198,6 +199,7 @@ class ModelVersion(models.Model):
 
     class Meta:
         ordering = ["name", "-number"]
+        verbose_name = _("model version")
         constraints = [
             models.UniqueConstraint(
                 fields=["team", "name", "number"], name="model_version_number_unique"
