@@ -29,11 +29,14 @@ def _can(request: HttpRequest, perm: Perm) -> bool:
 
 @team_view()
 def jobs(request: HttpRequest) -> HttpResponse:
+    jobs = selectors.team_jobs(request.team)
+    if request.GET.get("version", "").isdigit():  # the jobs that trained on a dataset version
+        jobs = jobs.filter(dataset_version_id=int(request.GET["version"]))
     return render(
         request,
         "training/jobs.html",
         {
-            "jobs": selectors.team_jobs(request.team)[:200],
+            "jobs": jobs[:200],
             "can_write": _can(request, Perm.TRAINING_WRITE),
         },
     )
@@ -139,9 +142,12 @@ def job_clone(request: HttpRequest, training_job_id: int) -> HttpResponse:
 @team_view(write=Perm.TRAINING_WRITE)
 def models(request: HttpRequest) -> HttpResponse:
     versions = selectors.team_model_versions(request.team)
-    dataset = request.GET.get("dataset")
-    if dataset and dataset.isdigit():
+    # Lineage backwards: the models of a dataset, or of one of its versions.
+    dataset, data_version = request.GET.get("dataset", ""), request.GET.get("version", "")
+    if dataset.isdigit():
         versions = versions.filter(dataset_version__dataset_id=int(dataset))
+    if data_version.isdigit():
+        versions = versions.filter(dataset_version_id=int(data_version))
     form = ModelImportForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         try:
