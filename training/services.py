@@ -301,11 +301,17 @@ def training_job_submit(
         )
     if not dataset_version.split_counts.get("train"):
         raise ValidationError(_("%(v)s has no rows in its train split.") % {"v": dataset_version})
-    hp = _validated_hyperparameters(kind, None if model else preset, hyperparameters or {})
     try:
         device = profile(device_type)
     except ValueError as exc:
         raise ValidationError(str(exc)) from exc
+    # Mixed precision by default where the device's profile says it is supported.
+    given = {"amp": device.amp, **(hyperparameters or {})}
+    hp = _validated_hyperparameters(kind, None if model else preset, given)
+    if hp.amp and not device.amp:
+        raise ValidationError(
+            _("Mixed precision (amp) is not supported on %(device)s.") % {"device": device.label}
+        )
     if device_count < 1:
         raise ValidationError(_("A job needs at least one device."))
     if device_count > 1 and backend != "paddle":

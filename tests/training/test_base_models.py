@@ -204,3 +204,21 @@ def test_a_job_fine_tunes_an_imported_base_model(
     assert job.status == "succeeded", job.error
     assert job.model_version.base == path
     assert job.model_version.evaluation["metrics"]["support"] > 0
+
+
+def test_the_api_imports_a_base_model_by_path_and_by_upload(client, team, owner, paddle_base):
+    client.force_login(owner)
+    url = reverse("training:api_base_models", kwargs={"team": team.slug})
+    by_path = client.post(
+        url, {"name": "ernie-mini", "path": "ernie-mini"}, content_type="application/json"
+    )
+    assert by_path.status_code == 201, by_path.content
+    assert by_path.json()["summary"]["layers"] == 2 and not by_path.json()["shared"]
+    upload = client.post(
+        url, {"name": "shared", "archive": _archive(paddle_base, "zip"), "shared": "true"}
+    )
+    assert upload.status_code == 201, upload.content
+    assert upload.json()["shared"] and upload.json()["source"] == "model.zip"
+    assert [m["name"] for m in client.get(url).json()] == ["ernie-mini", "shared"]
+    missing = client.post(url, {"name": "x", "path": "nowhere"}, content_type="application/json")
+    assert missing.status_code == 400 and "does not exist" in missing.json()["detail"][0]

@@ -32,6 +32,9 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
     assert job.hyperparameters["learning_rate"] == 1e-3  # from scratch: the preset's rate
     assert job.labels == ["正面", "负面"]
     assert job.status == "queued" and job.celery_task_id
+    assert job.hyperparameters["amp"] is False  # not on a CPU
+    gpu = submit(owner, team, version, device_type="gpu")
+    assert gpu.hyperparameters["amp"] is True  # the gpu profile supports it
 
 
 @pytest.mark.parametrize(
@@ -43,6 +46,7 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
         ({"device_type": "tpu"}, "unknown device type 'tpu'"),
         ({"backend": "jax"}, "No training backend named “jax”"),
         ({"preset": "gpt-5"}, "No preset named “gpt-5”"),
+        ({"hyperparameters": {"amp": True}}, "Mixed precision (amp) is not supported on CPU"),
         ({"device_count": 2, "backend": "torch"}, "Training on several devices runs on the paddle"),
     ],
 )
