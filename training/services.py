@@ -671,16 +671,22 @@ class _Supervisor:
             self.cancelled = True
 
     def run(self, proc: subprocess.Popen) -> int:
+        # Chunks, not readline(): a buffered readline can keep a second line that arrived with
+        # the first unread until the runner writes again (half a second later).
+        fd = proc.stdout.fileno()
         sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
+        pending = b""
         last_flush = 0.0
         killed_at = None
         while True:
             if sel.select(timeout=self.FLUSH_S):
-                line = proc.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
                     break
-                self.line(line.decode("utf-8", "replace"))
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self.line(line.decode("utf-8", "replace"))
             now = time.monotonic()
             if now - last_flush >= self.FLUSH_S:
                 last_flush = now
@@ -690,6 +696,8 @@ class _Supervisor:
                     _signal_group(proc, signal.SIGTERM)
             if killed_at is not None and now - killed_at > 5:
                 _signal_group(proc, signal.SIGKILL)
+        if pending:
+            self.line(pending.decode("utf-8", "replace"))
         rc = proc.wait()
         self.flush()
         return rc

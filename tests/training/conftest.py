@@ -110,3 +110,18 @@ def stored_model(team, owner, tmp_path: Path, **fields):
         created_by=owner,
     )
     return ModelVersion.objects.create(**{**values, **fields})
+
+
+@pytest.fixture(autouse=True)
+def english():
+    """Messages are asserted in English; the console's default language is Chinese."""
+    from django.utils import translation
+
+    with translation.override("en"):
+        yield
+
+
+@pytest.fixture
+def client(client):
+    client.defaults["HTTP_ACCEPT_LANGUAGE"] = "en"
+    return client
