@@ -105,6 +105,11 @@ DATABASES = {
         conn_max_age=60,
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Several processes write (web, workers, a job's supervisor twice a second): transactions
+    # take the write lock at their start, so that none fails at once upgrading a read lock, and
+    # wait for it rather than give up after SQLite's 5 s.
+    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

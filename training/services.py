@@ -730,7 +730,14 @@ def training_job_execute(job: TrainingJob) -> None:
         start_new_session=True,  # its own process group: cancel kills the whole tree
         preexec_fn=_die_with_parent,
     )
-    rc = sup.run(proc)
+    try:
+        rc = sup.run(proc)
+    except BaseException:
+        # The supervisor failed (the database went away): no runner goes on unsupervised. The
+        # task is retried and the job resumes from its checkpoint.
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+        raise
     job.refresh_from_db()
     if sup.cancelled:
         _finish(job, TrainingJob.Status.CANCELLED)

@@ -1,24 +1,31 @@
 from celery import shared_task
+from django.db import DatabaseError
 
 from training import services
 
 
-@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@shared_task(
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(DatabaseError,),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=30,
+)
 def run_training_job(self, job_id: int) -> None:
     """Run a training job on this train worker (queue ``train.<device>``).
 
     Acknowledged late and rejected when the worker is lost: a worker killed mid-job puts the
     job back on its queue, and the next attempt resumes from the last checkpoint. A team at its
-    concurrency limit waits: the task comes back in a few seconds."""
+    concurrency limit waits: the task comes back in a few seconds. The database unreachable
+    (or locked) mid-way: the runner is stopped and the task retried with backoff; the job
+    resumes from its checkpoint."""
     try:
         job = services.training_job_claim(job_id, self.request.hostname or "")
     except services.TeamLimitReached:
-        raise self.retry(
-            countdown=5,
-            max_retries=None,
-            queue=self.request.delivery_info.get("routing_key"),
-            priority=(self.request.delivery_info or {}).get("priority"),
-        ) from None
+        # The same queue and priority: Celery's retry keeps the request's routing.
+        raise self.retry(countdown=5, max_retries=None) from None
     if job is not None:
         services.training_job_execute(job)
 
