@@ -171,3 +171,23 @@ def test_the_base_models_page_lists_presets_and_refuses_a_bad_import(client, tea
     assert "ernie-tiny-char" in client.get(url).content.decode()
     body = client.post(url, {"name": "x", "backend": "paddle", "path": "nowhere"}).content
     assert "does not exist on the server" in body.decode()
+
+
+def test_a_multi_label_report_shows_each_labels_counts(client, team, owner, tmp_path):
+    evaluation = {
+        "split": "test",
+        "rows": 4,
+        "metrics": {
+            "accuracy": 0.5,
+            "label_confusion": {"物流": {"tp": 1, "fp": 0, "fn": 1, "tn": 2}},
+            "support": 4,
+        },
+        "mistakes": [{"row": {"text": "到货慢", "labels": ["物流"]}, "predicted": {"labels": []}}],
+    }
+    model = stored_model(team, owner, tmp_path, task_kind="multi_label", evaluation=evaluation)
+    client.force_login(owner)
+    body = client.get(
+        reverse("training:model", kwargs={"team": team.slug, "model_version_id": model.pk})
+    ).content.decode()
+    assert 'data-testid="label-confusion"' in body and "物流" in body
+    assert "<td>到货慢</td><td>物流</td><td>∅</td>" in body

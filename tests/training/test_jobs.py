@@ -44,6 +44,8 @@ def test_each_task_kind_trains_with_each_backend(team, owner, make_dataset, kind
         assert report["accuracy"] >= 0.8, report
     if kind == "ner":
         assert report["f1"] >= 0.5, report
+    if kind == "multi_label":
+        assert set(report["label_confusion"]) == set(job.labels)
     kinds = set(job.events.values_list("kind", flat=True))
     assert {"state", "loss", "metrics", "checkpoint"} <= kinds
     assert not services.job_workdir(job).exists()  # the work directory is cleaned up
