@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data import LabelSpace, collate, decode, encode
+from training.data import Example, LabelSpace, collate, decode, encode
 from training.tokenizer import CharTokenizer
 
 MANIFEST = "manifest.json"
@@ -132,8 +132,6 @@ class Predictor:
         return cls(manifest, tokenizer, runtime(export_dir, manifest, device))
 
     def predict(self, items: list, batch_size: int = 32) -> list[dict]:
-        from training.data import Example
-
         out: list[dict] = []
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]

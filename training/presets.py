@@ -4,8 +4,6 @@ seconds; and the recommended hyperparameters for each task kind, for presets and
 imported base models (ERNIE 3.0 mini/medium/base, BERT or RoBERTa Chinese).
 """
 
-from dataclasses import asdict
-
 from training.spec import Hyperparameters
 
 # name → the architecture's config (vocab_size comes from the data).
@@ -50,7 +48,3 @@ def recommended(task_kind: str, *, preset: str | None) -> Hyperparameters:
     values = dict(_FROM_SCRATCH) if preset else dict(_FINE_TUNE[task_kind])
     values["max_seq_length"] = _MAX_LENGTH[task_kind]
     return Hyperparameters(**values)
-
-
-def recommended_dict(task_kind: str, *, preset: str | None) -> dict:
-    return asdict(recommended(task_kind, preset=preset))

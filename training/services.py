@@ -2,6 +2,7 @@
 the run of a job on a train worker (supervising the runner process), and the model registry."""
 
 import ctypes
+import io
 import json
 import os
 import selectors
@@ -27,7 +28,7 @@ from django.db.models import Max
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from console.hardware import profile, profiles
+from console.hardware import profile
 from console.models import Team
 from console.services import audit_record
 from labeling.models import DatasetVersion
@@ -37,6 +38,7 @@ from training.data import HEADS
 from training.inference import MANIFEST, read_manifest
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 from training.presets import DEFAULT_PRESET, PRESETS, recommended
+from training.run import EVENT_PREFIX
 from training.spec import Hyperparameters, JobSpec
 from training.tokenizer import CharTokenizer
 
@@ -182,16 +184,6 @@ def base_model_import(
     return model
 
 
-@transaction.atomic
-def base_model_delete(*, actor: AbstractBaseUser, team: Team, model: BaseModel) -> None:
-    if model.jobs.exists():
-        raise ValidationError(_("Jobs have trained on this base model; it is kept."))
-    prefix, files = model.storage_prefix, dict(model.manifest.get("files", {}))
-    audit_record(action="base_model.delete", actor=actor, team=team, target=model)
-    model.delete()
-    transaction.on_commit(lambda: storage.delete_prefix(prefix, files))
-
-
 def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
     """The team's (or the site's shared) base model of this name for ``backend``; an error that
     lists what is imported otherwise."""
@@ -215,9 +207,8 @@ def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
 
 
 def _job_labels(version: DatasetVersion) -> list[str]:
-    dataset = version.dataset
-    labels = list(dataset.labels) or list(version.stats.get("labels", {}))
-    return sorted(labels) if not dataset.labels else labels
+    """The dataset's declared labels in their order, else those found in the version."""
+    return list(version.dataset.labels) or sorted(version.stats.get("labels", {}))
 
 
 def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) -> Hyperparameters:
@@ -623,8 +614,6 @@ class _Supervisor:
         self.cancelled = False
 
     def line(self, text: str) -> None:
-        from training.run import EVENT_PREFIX
-
         text = text.rstrip("\n")
         if not text.startswith(EVENT_PREFIX):
             if text.strip():
@@ -873,22 +862,12 @@ def model_version_archive(version: ModelVersion, out) -> None:
         raw = json.dumps(meta, ensure_ascii=False, indent=1).encode()
         info = tarfile.TarInfo("model.json")
         info.size = len(raw)
-        tf.addfile(info, _BytesReader(raw))
+        tf.addfile(info, io.BytesIO(raw))
         for rel, meta_file in version.files.items():
             info = tarfile.TarInfo(rel)
             info.size = meta_file["size"]
             with default_storage.open(version.storage_prefix + rel, "rb") as f:
                 tf.addfile(info, f)
-
-
-class _BytesReader:
-    def __init__(self, data: bytes) -> None:
-        import io
-
-        self._buf = io.BytesIO(data)
-
-    def read(self, n: int = -1) -> bytes:
-        return self._buf.read(n)
 
 
 @transaction.atomic
@@ -956,7 +935,3 @@ def model_version_delete(*, actor: AbstractBaseUser, version: ModelVersion) -> N
     audit_record(action="model.delete", actor=actor, team=version.team, target=version)
     version.delete()
     transaction.on_commit(lambda: storage.delete_prefix(prefix, files))
-
-
-def device_types() -> list[str]:
-    return list(profiles())

@@ -30,12 +30,10 @@ def store_dir(local: Path, prefix: str) -> dict[str, dict]:
     return files
 
 
-def fetch_dir(prefix: str, files: dict[str, dict], local: Path, only: str = "") -> None:
-    """Copy stored files (those under ``only``, if given) to ``local``, checking each sha256."""
+def fetch_dir(prefix: str, files: dict[str, dict], local: Path) -> None:
+    """Copy stored files to ``local``, checking each sha256."""
     for rel, meta in files.items():
-        if only and not rel.startswith(only):
-            continue
-        target = local / rel[len(only) :]
+        target = local / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
         with default_storage.open(prefix + rel, "rb") as src, open(target, "wb") as dst:
