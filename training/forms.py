@@ -14,8 +14,9 @@ class JobForm(forms.Form):
     """A training job. Hyperparameters left empty take the recommended value for the task kind
     and model (presets train from scratch; imported models fine-tune)."""
 
+    # No empty choice: the newest version of the first dataset is chosen until the user picks.
     dataset_version = forms.ModelChoiceField(
-        queryset=DatasetVersion.objects.none(), label=_("Dataset version")
+        queryset=DatasetVersion.objects.none(), label=_("Dataset version"), empty_label=None
     )
     backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
     model = forms.ChoiceField(label=_("Base model or preset"))

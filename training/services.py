@@ -219,9 +219,13 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
             value = getattr(hp, name)
             if kind is bool and not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false")
-            if kind is int and (isinstance(value, bool) or float(value) != int(float(value))):
+            try:
+                number = value if kind in (bool, str) else float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be a number, not {value!r}") from None
+            if kind is int and (isinstance(value, bool) or number != int(number)):
                 raise ValueError(f"{name} must be a whole number, not {value!r}")
-            setattr(hp, name, kind(float(value)) if kind is int else kind(value))
+            setattr(hp, name, int(number) if kind is int else kind(number))
     except (TypeError, ValueError) as exc:
         raise ValidationError(_("Hyperparameters: %(e)s") % {"e": exc}) from exc
     checks = [

@@ -16,7 +16,7 @@ from console.roles import Perm, role_allows
 from training import api, selectors, services
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
 from training.models import TrainingJob
-from training.presets import PRESETS
+from training.presets import DEFAULT_PRESET, PRESETS
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -45,7 +45,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
 @team_view(write=Perm.TRAINING_WRITE)
 def job_new(request: HttpRequest) -> HttpResponse:
     base_models = selectors.team_base_models(request.team)
-    initial = {"model": f"preset:{next(iter(PRESETS))}"}
+    initial = {"model": f"preset:{DEFAULT_PRESET}"}
     if request.GET.get("version"):
         initial["dataset_version"] = request.GET["version"]
     form = JobForm(

@@ -42,6 +42,10 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
     [
         ({"hyperparameters": {"epochs": 0}}, "epochs ≥ 1"),
         ({"hyperparameters": {"epochs": 2.5}}, "whole number"),
+        (
+            {"hyperparameters": {"learning_rate": "fast"}},
+            "learning_rate must be a number, not 'fast'",
+        ),
         ({"hyperparameters": {"momentum": 0.9}}, "unknown hyperparameter(s): momentum"),
         ({"device_type": "tpu"}, "unknown device type 'tpu'"),
         ({"backend": "jax"}, "No training backend named “jax”"),
