@@ -20,6 +20,7 @@ app.conf.task_routes = {
     "labeling.tasks.*": {"queue": "default"},
     "training.tasks.reconcile_training_jobs": {"queue": "default"},
     "training.tasks.run_training_job": {"queue": "train.cpu"},
+    "deployment.tasks.*": {"queue": "default"},
 }
 
 # Beat's heartbeat, run by a worker; the dashboard reads its freshness.
@@ -30,5 +31,9 @@ app.conf.beat_schedule = {
     "labeling-reconcile": {"task": "labeling.tasks.reconcile_labeling_projects", "schedule": 60.0},
     # Jobs whose whole worker died are queued again (a killed pool process requeues at once).
     "training-reconcile": {"task": "training.tasks.reconcile_training_jobs", "schedule": 60.0},
+    # Serving hosts hold what the endpoints say (and load again after a restart); their
+    # request counters become the endpoints' charts.
+    "deployment-reconcile": {"task": "deployment.tasks.reconcile_endpoints", "schedule": 10.0},
+    "deployment-metrics": {"task": "deployment.tasks.collect_endpoint_metrics", "schedule": 15.0},
 }
 app.autodiscover_tasks()

@@ -220,6 +220,23 @@ TRAINING_MAX_ATTEMPTS = int(os.environ.get("TRAINING_MAX_ATTEMPTS", "3"))
 # (and from archives uploaded through the console).
 MODEL_IMPORT_DIR = Path(os.environ.get("PLATFORM_MODEL_IMPORT_DIR") or DATA_DIR / "imports")
 
+# -- Deployment ------------------------------------------------------------------------------
+
+# The serving hosts (python -m deployment.server, one per node) the reconciler keeps in step
+# with the endpoints in the database, and the secret of their management API. `make run`
+# starts one on SERVING_PORT and generates the secret once (var/serving_secret).
+SERVING_PORT = int(os.environ.get("SERVING_PORT", "8300"))
+SERVING_HOSTS = [
+    url.strip().rstrip("/")
+    for url in os.environ.get("SERVING_HOSTS", f"http://127.0.0.1:{SERVING_PORT}").split(",")
+    if url.strip()
+]
+SERVING_SECRET = os.environ.get("SERVING_SECRET", "")
+# Where applications call endpoints (a load balancer in front of several hosts).
+SERVING_PUBLIC_URL = (os.environ.get("SERVING_PUBLIC_URL") or SERVING_HOSTS[0]).rstrip("/")
+# Local copies of exports for hosts on this machine when storage is not a filesystem (S3).
+SERVING_CACHE_DIR = Path(os.environ.get("SERVING_CACHE_DIR") or DATA_DIR / "serving")
+
 # -- Label Studio --------------------------------------------------------------------------
 
 # The Label Studio server and the platform's token for it: given, or the one `make run` starts

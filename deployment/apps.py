@@ -6,3 +6,9 @@ class DeploymentConfig(AppConfig):
     name = "deployment"
     verbose_name = _("Deployment")
     console_nav = [("deployment:endpoints", _("Endpoints"))]
+
+    def ready(self) -> None:
+        from deployment.services import refuse_deleting_served_version
+        from training.services import model_version_delete_checks
+
+        model_version_delete_checks.append(refuse_deleting_served_version)

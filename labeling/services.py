@@ -647,15 +647,6 @@ def labeling_project_problem(project_id: int, error: str, *, final: bool) -> Non
 # -- Sync with Label Studio ------------------------------------------------------------------
 
 
-def _version_rows(version: DatasetVersion, wanted: set[int]) -> dict[int, dict]:
-    rows = {}
-    with default_storage.open(version.data_file, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if number in wanted:
-                rows[number] = json.loads(line)
-    return rows
-
-
 def labeling_project_sync(project_id: int) -> dict[str, int]:
     """Take in every annotation of the project's Label Studio project: new ones, changed ones
     (by their updated_at), and forget deleted ones. Each is checked against the project's
@@ -679,7 +670,7 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
             if item.get("was_cancelled"):
                 continue
             ls_items.append((task, item))
-    rows = _version_rows(project.source_version, {task.row for task, _item in ls_items})
+    rows = selectors.version_rows(project.source_version, {task.row for task, _item in ls_items})
     # Annotators with a platform account are named by it; others by their Label Studio e-mail.
     emails: dict[int, str] = dict(
         LabelStudioAccount.objects.values_list("ls_user_id", "user__username")
@@ -877,7 +868,7 @@ def labeling_project_preannotate(
         raise ValidationError(_("The project is not in Label Studio yet."))
     schema = schema_for(project.source_version.dataset.task_kind)
     tasks = dict(project.tasks.values_list("row", "ls_task_id"))
-    rows = _version_rows(project.source_version, {p["row"] for p in predictions})
+    rows = selectors.version_rows(project.source_version, {p["row"] for p in predictions})
     payload = []
     for p in predictions:
         row_number = p["row"]

@@ -6,6 +6,14 @@ import tempfile
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-0123456789")
 # Files of a test run (storage, uploads) go to a directory of its own, never var/.
 os.environ.setdefault("PLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="platform-test-"))
+os.environ.setdefault("SERVING_SECRET", "test-serving-secret-0123456789")
+if "SERVING_PORT" not in os.environ:
+    # The suite's serving host listens here; the workers the suite starts inherit it.
+    import socket
+
+    with socket.socket() as _s:
+        _s.bind(("127.0.0.1", 0))
+        os.environ["SERVING_PORT"] = str(_s.getsockname()[1])
 
 from console.settings import *  # noqa: F403
 from console.settings import DATA_DIR, DATABASES, STORAGES

@@ -15,6 +15,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -933,8 +934,15 @@ def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> Mod
     return version
 
 
+# Checks that refuse to delete a model version still in use, registered by the apps that use
+# model versions (deployment: one that serves traffic); each raises ValidationError.
+model_version_delete_checks: list[Callable[[ModelVersion], None]] = []
+
+
 @transaction.atomic
 def model_version_delete(*, actor: AbstractBaseUser, version: ModelVersion) -> None:
+    for check in model_version_delete_checks:
+        check(version)
     prefix, files = version.storage_prefix, dict(version.files)
     audit_record(action="model.delete", actor=actor, team=version.team, target=version)
     version.delete()

@@ -1,0 +1,64 @@
+"""The platform's client of a serving host's APIs (``deployment/server/app.py``)."""
+
+from typing import Any
+
+import requests
+from django.conf import settings
+
+
+class HostError(Exception):
+    """The host could not be reached or refused a call; the message says which and why."""
+
+
+class HostClient:
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {settings.SERVING_SECRET}"
+
+    def _call(self, method: str, path: str, json: Any = None, ok=(200, 202, 204)) -> Any:
+        if not settings.SERVING_SECRET:
+            raise HostError("SERVING_SECRET is not set: the platform cannot manage serving hosts")
+        try:
+            response = self.session.request(
+                method, self.url + path, json=json, timeout=(3.0, self.timeout)
+            )
+        except requests.RequestException as exc:
+            raise HostError(f"{self.url} is unreachable: {type(exc).__name__}") from exc
+        if response.status_code not in ok:
+            raise HostError(
+                f"{self.url}{path} answered {response.status_code}: {response.text[:300]}"
+            )
+        return response.json() if response.content else None
+
+    def state(self) -> dict:
+        return self._call("GET", "/manage/state")
+
+    def metrics(self) -> dict:
+        return self._call("GET", "/manage/metrics")
+
+    def load(self, key: str, config: dict) -> dict:
+        return self._call("PUT", f"/manage/revisions/{key}", config)
+
+    def unload(self, key: str) -> None:
+        self._call("DELETE", f"/manage/revisions/{key}", ok=(204, 404))
+
+    def route(self, endpoint: str, table: dict) -> None:
+        self._call("PUT", f"/manage/endpoints/{endpoint}", table)
+
+    def unroute(self, endpoint: str) -> None:
+        self._call("DELETE", f"/manage/endpoints/{endpoint}")
+
+    def predict(self, endpoint: str, body: dict) -> tuple[int, dict]:
+        """Call the inference API as the platform (the console's try-it, pre-annotation)."""
+        try:
+            response = self.session.post(
+                f"{self.url}/v1/endpoints/{endpoint}:predict", json=body, timeout=(3.0, 60.0)
+            )
+        except requests.RequestException as exc:
+            raise HostError(f"{self.url} is unreachable: {type(exc).__name__}") from exc
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, {"error": {"message": response.text[:300]}}

@@ -1,0 +1,192 @@
+"""Endpoints, their revisions and API keys (the desired state), the serving hosts and what
+each holds (the observed state), and request metrics scraped from the hosts."""
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from console.models import Team
+from training.models import ModelVersion
+
+
+class ServingHost(models.Model):
+    """A serving host the platform knows (``SERVING_HOSTS``) and what it last reported."""
+
+    url = models.URLField(unique=True)
+    devices = models.JSONField(default=list)
+    reachable = models.BooleanField(default=False)
+    boot_id = models.CharField(max_length=64, blank=True)
+    error = models.TextField(blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The host's cumulative counters at the last scrape: the next one stores the difference.
+    metrics_boot_id = models.CharField(max_length=64, blank=True)
+    metrics_snapshot = models.JSONField(default=dict, blank=True)
+    metrics_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["url"]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class Endpoint(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="endpoints")
+    # The name in the inference URL (/v1/endpoints/<name>:predict), unique on the site.
+    name = models.SlugField(_("name"), max_length=60, unique=True)
+    description = models.CharField(_("description"), max_length=200, blank=True)
+    task_kind = models.CharField(max_length=32)
+    # The last good revision: rollback returns all traffic to it.
+    stable_revision = models.ForeignKey(
+        "Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    max_inputs = models.PositiveIntegerField(
+        _("inputs per request"),
+        default=64,
+        validators=[MinValueValidator(1), MaxValueValidator(256)],
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("endpoint")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Revision(models.Model):
+    """A model version behind an endpoint, with its share of the traffic and how it runs."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", _("active")
+        RETIRED = "retired", _("retired")
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    model_version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="revisions"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    weight = models.PositiveSmallIntegerField(
+        _("traffic %"), default=100, validators=[MaxValueValidator(100)]
+    )
+    replicas = models.PositiveSmallIntegerField(
+        _("replicas"), default=1, validators=[MinValueValidator(1), MaxValueValidator(16)]
+    )
+    device_type = models.CharField(_("device type"), max_length=16, default="cpu")
+    max_batch_size = models.PositiveSmallIntegerField(
+        _("max batch size"), default=32, validators=[MinValueValidator(1), MaxValueValidator(256)]
+    )
+    max_wait_ms = models.FloatField(
+        _("max wait (ms)"), default=5.0, validators=[MinValueValidator(0), MaxValueValidator(1000)]
+    )
+    # The stable revision this one replaced when it was promoted: a rollback returns to it.
+    replaced = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    promoted_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["endpoint", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "number"], name="revision_number_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint.name} #{self.number}"
+
+    @property
+    def key(self) -> str:
+        """Its name on the serving hosts."""
+        return f"rev-{self.pk}"
+
+
+class Placement(models.Model):
+    """What a serving host last said of a revision it should hold (or held)."""
+
+    class State(models.TextChoices):
+        LOADING = "loading", _("loading")
+        READY = "ready", _("ready")
+        FAILED = "failed", _("failed")
+        MISSING = "missing", _("not loaded")
+
+    revision = models.ForeignKey(Revision, on_delete=models.CASCADE, related_name="placements")
+    host = models.ForeignKey(ServingHost, on_delete=models.CASCADE, related_name="placements")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.MISSING)
+    error = models.TextField(blank=True)
+    replicas_ready = models.PositiveSmallIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["revision", "host"], name="one_placement_per_host")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.revision} on {self.host}: {self.state}"
+
+
+class EndpointKey(models.Model):
+    """An API key of one endpoint. Only its hash is stored; the key is shown once."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="keys")
+    name = models.CharField(_("name"), max_length=100)
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    # Requests per second this key may send (per serving host); empty: no limit.
+    rate_per_s = models.FloatField(
+        _("rate limit (requests/s)"), null=True, blank=True, validators=[MinValueValidator(0.01)]
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class MetricSample(models.Model):
+    """Requests of one endpoint (and revision) on one host between two scrapes."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="samples")
+    revision = models.ForeignKey(
+        Revision, null=True, blank=True, on_delete=models.CASCADE, related_name="samples"
+    )
+    host = models.ForeignKey(ServingHost, null=True, on_delete=models.SET_NULL, related_name="+")
+    at = models.DateTimeField(db_index=True)
+    window_s = models.FloatField()
+    requests = models.PositiveIntegerField(default=0)
+    inputs = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    client_errors = models.PositiveIntegerField(default=0)
+    unauthorized = models.PositiveIntegerField(default=0)
+    rate_limited = models.PositiveIntegerField(default=0)
+    latency = models.JSONField(default=list)  # counts per bucket of deployment.server.metrics
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [models.Index(fields=["endpoint", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} {self.at:%H:%M:%S} {self.requests}"

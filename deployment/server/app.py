@@ -1,0 +1,383 @@
+"""The serving host's HTTP API: management under ``/manage/`` (the platform's shared secret),
+inference under ``/v1/``, liveness and readiness at ``/healthz`` and ``/readyz``."""
+
+import asyncio
+import hashlib
+import hmac
+import json
+import math
+import random
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from deployment.server.metrics import BUCKETS_MS, Metrics
+from deployment.server.revision import PredictError, Revision
+
+MAX_INPUTS = 256  # per request, unless the endpoint says otherwise
+MAX_CHARS = 20_000  # per text
+REQUEST_TIMEOUT_S = 60.0
+
+
+class InputError(Exception):
+    def __init__(self, message: str, status: int = 422, index: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.index = message, status, index
+
+
+class TokenBucket:
+    """``rate`` requests per second on average, bursts of up to ``burst``."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, time.monotonic()
+
+    def take(self) -> float:
+        """0 when a request may pass, else the seconds until one may."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass
+class Route_:
+    """How an endpoint routes: revision keys with weights, the accepted key hashes."""
+
+    revisions: dict[str, int] = field(default_factory=dict)
+    keys: dict[str, dict] = field(default_factory=dict)  # sha256 → {"id", "rate_per_s"}
+    max_inputs: int = MAX_INPUTS
+
+
+class Host:
+    def __init__(self, secret: str, devices: list[str]) -> None:
+        if not secret:
+            raise ValueError("the serving host needs a shared secret (SERVING_SECRET)")
+        self.secret = secret
+        self.devices = devices
+        self.boot_id = uuid.uuid4().hex
+        self.started_at = time.time()
+        self.revisions: dict[str, Revision] = {}
+        self.endpoints: dict[str, Route_] = {}
+        self.metrics = Metrics()
+        self.buckets: dict[str, TokenBucket] = {}
+
+    def is_secret(self, presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(), self.secret.encode())
+
+    def choose(self, route: Route_) -> Revision | None:
+        """A ready revision by weight. A revision gets traffic only once ready; when no weighted
+        revision is ready yet, a ready one the platform keeps loaded (weight 0, being replaced)
+        answers, so a rollout never leaves the endpoint without an answer."""
+        ready = {k: self.revisions[k] for k in route.revisions if self._ready(k)}
+        weighted = [(k, w) for k, w in route.revisions.items() if w > 0 and k in ready]
+        if weighted:
+            keys, weights = zip(*weighted, strict=True)
+            return ready[random.choices(keys, weights)[0]]  # noqa: S311 - a traffic split
+        return next(iter(ready.values()), None)
+
+    def _ready(self, key: str) -> bool:
+        rev = self.revisions.get(key)
+        return rev is not None and rev.state == "ready"
+
+
+def _presented_key(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict | None = None, **extra
+) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status, headers)
+
+
+def parse_inputs(body: object, task_kind: str, max_inputs: int) -> list:
+    """The inputs of a predict request, or InputError saying what is wrong and where."""
+    if not isinstance(body, dict) or "inputs" not in body:
+        raise InputError('the body must be a JSON object with "inputs": a list', 400)
+    inputs = body["inputs"]
+    if not isinstance(inputs, list):
+        raise InputError('"inputs" must be a list', 400)
+    if not inputs:
+        raise InputError('"inputs" is empty: send at least one input', 400)
+    if len(inputs) > max_inputs:
+        raise InputError(f"{len(inputs)} inputs: at most {max_inputs} per request", 413)
+    for i, item in enumerate(inputs):
+        texts = _texts(item, task_kind, i)
+        for name, text in texts.items():
+            if not text.strip():
+                raise InputError(f"inputs[{i}]{name} is empty", index=i)
+            if len(text) > MAX_CHARS:
+                raise InputError(
+                    f"inputs[{i}]{name} has {len(text)} characters: at most {MAX_CHARS}", index=i
+                )
+    return [
+        {"text_a": it["text_a"], "text_b": it["text_b"]}
+        if task_kind == "text_pair"
+        else (it if isinstance(it, str) else it["text"])
+        for it in inputs
+    ]
+
+
+def _texts(item: object, task_kind: str, i: int) -> dict[str, str]:
+    if task_kind == "text_pair":
+        if not isinstance(item, dict):
+            raise InputError(
+                f'inputs[{i}] must be an object with "text_a" and "text_b" (a text pair model)',
+                index=i,
+            )
+        fields = ("text_a", "text_b")
+    elif isinstance(item, dict):
+        fields = ("text",)
+    elif isinstance(item, str):
+        return {"": item}
+    else:
+        raise InputError(f"inputs[{i}] must be a string, not {type(item).__name__}", index=i)
+    out = {}
+    for f in fields:
+        value = item.get(f)
+        if not isinstance(value, str):
+            raise InputError(f"inputs[{i}].{f} must be a string", index=i)
+        out[f".{f}"] = value
+    return out
+
+
+def shape(pred: dict, top_k: int) -> dict:
+    """A prediction as the API answers it: ranked scores instead of a score per label."""
+    if "entities" in pred:
+        return {"entities": pred["entities"], "truncated": pred["truncated"]}
+    ranked = [
+        {"label": label, "score": score}
+        for label, score in sorted(pred["scores"].items(), key=lambda kv: -kv[1])
+    ]
+    if "labels" in pred:
+        return {"labels": pred["labels"], "scores": ranked, "truncated": pred["truncated"]}
+    return {
+        "label": pred["label"],
+        "score": pred["score"],
+        "top_k": ranked[:top_k],
+        "truncated": pred["truncated"],
+    }
+
+
+# -- inference ----------------------------------------------------------------------------------
+
+
+async def predict(request: Request) -> Response:
+    host: Host = request.app.state.host
+    started = time.perf_counter()
+    name = request.path_params["name"]
+    route = host.endpoints.get(name)
+    if route is None:
+        return _error(404, "not_found", f"no endpoint named {name!r} on this host")
+    presented = _presented_key(request)
+    key_hash = hashlib.sha256(presented.encode()).hexdigest() if presented else ""
+    if not (presented and (key_hash in route.keys or host.is_secret(presented))):
+        host.metrics.count(name, "", "requests")
+        host.metrics.count(name, "", "unauthorized")
+        return _error(
+            401,
+            "unauthorized",
+            "an API key of this endpoint is required (Authorization: Bearer <key>)"
+            if not presented
+            else "this API key is not valid for this endpoint",
+        )
+    key = route.keys.get(key_hash)
+    if key and key.get("rate_per_s"):
+        bucket = host.buckets.get(key_hash)
+        rate = float(key["rate_per_s"])
+        if bucket is None or bucket.rate != rate:
+            bucket = host.buckets[key_hash] = TokenBucket(rate, max(1.0, rate))
+        wait = bucket.take()
+        if wait:
+            host.metrics.count(name, "", "requests")
+            host.metrics.count(name, "", "rate_limited")
+            return _error(
+                429,
+                "rate_limited",
+                f"this key may send {rate:g} requests per second",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
+    revision = host.choose(route)
+    if revision is None:
+        host.metrics.count(name, "", "requests")
+        host.metrics.count(name, "", "errors")
+        return _error(503, "not_ready", f"no revision of {name!r} is ready yet")
+    series = host.metrics.get(name, revision.key)
+    series.counts["requests"] += 1
+    try:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InputError(f"the body is not valid JSON: {exc}", 400) from None
+        inputs = parse_inputs(body, revision.manifest["task_kind"], route.max_inputs)
+        top_k = body.get("top_k", 5)
+        if not isinstance(top_k, int) or top_k < 1:
+            raise InputError('"top_k" must be a positive integer', 400)
+    except InputError as exc:
+        series.counts["client_errors"] += 1
+        series.observe((time.perf_counter() - started) * 1000)
+        extra = {} if exc.index is None else {"index": exc.index}
+        return _error(exc.status, "invalid_input", exc.message, **extra)
+    series.counts["inputs"] += len(inputs)
+    try:
+        preds = await asyncio.wait_for(revision.predict(inputs), REQUEST_TIMEOUT_S)
+    except (PredictError, TimeoutError) as exc:
+        series.counts["errors"] += 1
+        series.observe((time.perf_counter() - started) * 1000)
+        return _error(503, "predict_failed", str(exc) or "the prediction timed out")
+    series.observe((time.perf_counter() - started) * 1000)
+    return JSONResponse(
+        {
+            "endpoint": name,
+            "revision": revision.key,
+            "model": revision.config.get("model", ""),
+            "outputs": [shape(p, top_k) for p in preds],
+        },
+        headers={"X-Revision": revision.key},
+    )
+
+
+# -- management ---------------------------------------------------------------------------------
+
+
+def _manager(handler):
+    async def wrapped(request: Request) -> Response:
+        host: Host = request.app.state.host
+        if not host.is_secret(_presented_key(request) or "\0"):
+            return _error(401, "unauthorized", "the management API needs the shared secret")
+        return await handler(request, host)
+
+    return wrapped
+
+
+async def _body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise InputError(f"the body is not valid JSON: {exc}", 400) from None
+    if not isinstance(body, dict):
+        raise InputError("the body must be a JSON object", 400)
+    return body
+
+
+@_manager
+async def state(request: Request, host: Host) -> Response:
+    return JSONResponse(
+        {
+            "boot_id": host.boot_id,
+            "started_at": host.started_at,
+            "devices": host.devices,
+            "revisions": {k: r.describe() for k, r in host.revisions.items()},
+            "endpoints": {
+                name: {"revisions": r.revisions, "keys": len(r.keys), "max_inputs": r.max_inputs}
+                for name, r in host.endpoints.items()
+            },
+        }
+    )
+
+
+@_manager
+async def revision_put(request: Request, host: Host) -> Response:
+    key = request.path_params["key"]
+    try:
+        config = await _body(request)
+        if not isinstance(config.get("export_dir"), str):
+            raise InputError('"export_dir" is required', 400)
+    except InputError as exc:
+        return _error(exc.status, "invalid", exc.message)
+    current = host.revisions.get(key)
+    wanted = Revision(key, config)
+    if current is not None and current.config == wanted.config and current.state != "failed":
+        wanted.pool.shutdown()
+        return JSONResponse(current.describe())
+    if current is not None:
+        await current.unload()
+    host.revisions[key] = wanted
+    request.app.state.loads.add(asyncio.create_task(wanted.load()))
+    return JSONResponse(wanted.describe(), 202)
+
+
+@_manager
+async def revision_delete(request: Request, host: Host) -> Response:
+    rev = host.revisions.pop(request.path_params["key"], None)
+    if rev is None:
+        return _error(404, "not_found", "no such revision on this host")
+    await rev.unload()
+    return Response(status_code=204)
+
+
+@_manager
+async def endpoint_put(request: Request, host: Host) -> Response:
+    try:
+        body = await _body(request)
+        revisions = {str(k): int(w) for k, w in (body.get("revisions") or {}).items()}
+        keys = {str(h): dict(v) for h, v in (body.get("keys") or {}).items()}
+        max_inputs = int(body.get("max_inputs") or MAX_INPUTS)
+    except (InputError, TypeError, ValueError) as exc:
+        return _error(400, "invalid", str(exc))
+    host.endpoints[request.path_params["name"]] = Route_(revisions, keys, max_inputs)
+    return Response(status_code=204)
+
+
+@_manager
+async def endpoint_delete(request: Request, host: Host) -> Response:
+    host.endpoints.pop(request.path_params["name"], None)
+    return Response(status_code=204)
+
+
+@_manager
+async def metrics(request: Request, host: Host) -> Response:
+    return JSONResponse(
+        {"boot_id": host.boot_id, "buckets_ms": BUCKETS_MS, "endpoints": host.metrics.snapshot()}
+    )
+
+
+async def healthz(request: Request) -> Response:
+    host: Host = request.app.state.host
+    return JSONResponse({"status": "ok", "boot_id": host.boot_id})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready when every revision it was told to load is ready (or failed, with its reason)."""
+    host: Host = request.app.state.host
+    loading = [k for k, r in host.revisions.items() if r.state == "loading"]
+    return JSONResponse({"ready": not loading, "loading": loading}, 200 if not loading else 503)
+
+
+def create_app(secret: str, devices: list[str]) -> Starlette:
+    host = Host(secret, devices)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        app.state.host = host
+        app.state.loads = set()
+        yield
+        await asyncio.gather(*(r.unload() for r in host.revisions.values()))
+
+    return Starlette(
+        routes=[
+            Route("/v1/endpoints/{name}:predict", predict, methods=["POST"]),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/manage/state", state),
+            Route("/manage/metrics", metrics),
+            Route("/manage/revisions/{key}", revision_put, methods=["PUT"]),
+            Route("/manage/revisions/{key}", revision_delete, methods=["DELETE"]),
+            Route("/manage/endpoints/{name}", endpoint_put, methods=["PUT"]),
+            Route("/manage/endpoints/{name}", endpoint_delete, methods=["DELETE"]),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,179 @@
+"""A revision on the serving host: its predictor processes and the dynamic batcher feeding them.
+
+Every input of every request goes into one queue. Each replica has a loop that, when its
+process is free, takes the oldest input and then more until ``max_batch_size`` inputs are in
+hand or ``max_wait_ms`` has passed since the oldest arrived, runs them as one batch (padded to
+the longest, ``training.data.collate``) and answers each input's future. While every replica is
+busy, inputs wait in the queue, so the next batch fills at once: under load batches are full
+without waiting, and alone a request waits at most ``max_wait_ms``.
+"""
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployment.server.replica import Replica
+from training.inference import MANIFEST, read_manifest, sha256_file
+
+
+@dataclass
+class Pending:
+    item: object
+    future: asyncio.Future
+    arrived: float
+
+
+class PredictError(Exception):
+    """The revision could not answer (a predictor process failed or died)."""
+
+
+# A revision's settings as the platform sends them; a different config means a reload.
+DEFAULTS = {"device": "cpu", "replicas": 1, "max_batch_size": 32, "max_wait_ms": 5.0}
+
+
+class Revision:
+    def __init__(self, key: str, config: dict) -> None:
+        self.key = key
+        self.config = {**DEFAULTS, **config}
+        self.state = "loading"
+        self.error = ""
+        self.manifest: dict = {}
+        self.replicas: list[Replica] = []
+        self.queue: asyncio.Queue[Pending] = asyncio.Queue()
+        self.loops: list[asyncio.Task] = []
+        self.pool = ThreadPoolExecutor(max_workers=int(self.config["replicas"]) + 1)
+        self.load_s: float | None = None
+        self.batches = 0
+        self.batched_inputs = 0
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(1, int(self.config["max_batch_size"]))
+
+    @property
+    def max_wait_s(self) -> float:
+        return max(0.0, float(self.config["max_wait_ms"])) / 1000
+
+    def describe(self) -> dict:
+        return {
+            "state": self.state,
+            "error": self.error,
+            "config": self.config,
+            "replicas_ready": sum(r.alive for r in self.replicas) if self.state == "ready" else 0,
+            "load_s": self.load_s,
+            "queued": self.queue.qsize(),
+            "batches": self.batches,
+            "batched_inputs": self.batched_inputs,
+        }
+
+    async def load(self) -> None:
+        started = time.perf_counter()
+        try:
+            export_dir = Path(self.config["export_dir"])
+            expected = self.config.get("manifest_sha256")
+            if expected and sha256_file(export_dir / MANIFEST) != expected:
+                raise ValueError(f"{export_dir / MANIFEST} is not the manifest the platform holds")
+            # The replicas check every file's sha256; here only what validation needs.
+            self.manifest = read_manifest(export_dir, verify=False)
+            self.replicas = [self._replica() for _ in range(max(1, int(self.config["replicas"])))]
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(
+                *(loop.run_in_executor(self.pool, r.wait_ready) for r in self.replicas)
+            )
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            await self._stop_replicas()
+            return
+        self.loops = [asyncio.create_task(self._serve(i)) for i in range(len(self.replicas))]
+        self.load_s = round(time.perf_counter() - started, 3)
+        self.state = "ready"
+
+    def _replica(self) -> Replica:
+        return Replica(
+            str(self.config["export_dir"]), str(self.config["device"]), self.max_batch_size
+        )
+
+    async def predict(self, items: list) -> list[dict]:
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        futures = []
+        for item in items:
+            future = loop.create_future()
+            self.queue.put_nowait(Pending(item, future, now))
+            futures.append(future)
+        return list(await asyncio.gather(*futures))
+
+    async def _collect(self) -> list[Pending]:
+        first = await self.queue.get()
+        batch = [first]
+        deadline = first.arrived + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            if not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+                continue
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), timeout))
+            except TimeoutError:
+                break
+        return [p for p in batch if not p.future.done()]  # a client that left is skipped
+
+    async def _serve(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            if not batch:
+                continue
+            replica = self.replicas[index]
+            self.batches += 1
+            self.batched_inputs += len(batch)
+            try:
+                preds = await loop.run_in_executor(self.pool, replica.call, [p.item for p in batch])
+            except asyncio.CancelledError:
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(PredictError("the revision was unloaded"))
+                raise
+            except RuntimeError as exc:
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(PredictError(str(exc)))
+                if not replica.alive:
+                    await self._restart(index)
+                continue
+            for p, pred in zip(batch, preds, strict=True):
+                if not p.future.done():
+                    p.future.set_result(pred)
+
+    async def _restart(self, index: int) -> None:
+        """A predictor process died: start another; the others go on serving meanwhile."""
+        loop = asyncio.get_running_loop()
+        replica = self._replica()
+        try:
+            await loop.run_in_executor(self.pool, replica.wait_ready)
+        except RuntimeError as exc:
+            self.state, self.error = (
+                "failed",
+                f"a predictor process died and did not restart: {exc}",
+            )
+            return
+        self.replicas[index] = replica
+
+    async def _stop_replicas(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self.pool, r.stop) for r in self.replicas))
+
+    async def unload(self) -> None:
+        self.state = "unloading"
+        for task in self.loops:
+            task.cancel()
+        while not self.queue.empty():
+            p = self.queue.get_nowait()
+            if not p.future.done():
+                p.future.set_exception(PredictError("the revision was unloaded"))
+        await self._stop_replicas()
+        self.pool.shutdown(wait=False)

@@ -1,0 +1,26 @@
+"""Celery tasks of deployment; each calls a service."""
+
+from celery import shared_task
+
+from deployment import services
+from deployment.hosts import HostError
+
+
+@shared_task(ignore_result=True)
+def reconcile_endpoints() -> dict[str, str]:
+    return services.endpoints_reconcile()
+
+
+@shared_task(ignore_result=True)
+def collect_endpoint_metrics() -> int:
+    return services.metrics_collect()
+
+
+@shared_task(
+    ignore_result=True,
+    autoretry_for=(HostError,),
+    retry_backoff=5,
+    retry_kwargs={"max_retries": 5},
+)
+def preannotate_labeling_project(project_id: int, endpoint_id: int) -> int:
+    return services.preannotate_run(project_id, endpoint_id)

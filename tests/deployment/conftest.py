@@ -1,0 +1,222 @@
+"""Models trained once per session by the real runner (the preset, the paddle backend, the
+export with its manifest), a real serving host process, and helpers to call it."""
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import settings
+
+from tests.conftest import ROOT
+from tests.training.conftest import rows_for
+
+LABELS = {
+    "text_classification": ["正面", "负面"],
+    "multi_label": ["好评", "差评", "物流"],
+    "text_pair": ["相似", "不相似"],
+    "ner": ["地点"],
+}
+
+
+def train_export(kind: str, workdir: Path, seed: int = 0, epochs: int = 8) -> Path:
+    """Train the default preset on keyword rows with the job runner; the export directory."""
+    from training.spec import Hyperparameters, JobSpec
+
+    rows, _mapping = rows_for(kind, 80, seed=seed)
+    data = workdir / "data"
+    data.mkdir(parents=True)
+    for split, part in (("train", rows[:64]), ("dev", rows[64:72]), ("test", rows[72:])):
+        with open(data / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
+    (data / ".complete").touch()
+    JobSpec(
+        job_id=seed + 1,
+        task_kind=kind,
+        labels=LABELS[kind],
+        preset="ernie-micro-char",
+        hyperparameters=Hyperparameters(
+            epochs=epochs, batch_size=16, learning_rate=1e-3, max_seq_length=64, seed=seed
+        ),
+    ).save(workdir)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "USE_TORCH": "0", "USE_TF": "0"}
+    for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL"):
+        env.pop(var, None)
+    proc = subprocess.run(
+        [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return workdir / "export"
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory):
+    """Exports by (kind, seed), trained on first use."""
+    cache: dict[tuple[str, int], Path] = {}
+
+    def get(kind: str = "text_classification", seed: int = 0) -> Path:
+        if (kind, seed) not in cache:
+            workdir = tmp_path_factory.mktemp(f"train-{kind}-{seed}")
+            cache[(kind, seed)] = train_export(kind, workdir, seed)
+        return cache[(kind, seed)]
+
+    return get
+
+
+def bare_predict(export: Path, items: list) -> list[dict]:
+    """The in-process predictor's answers (in the runtime venv, where Paddle is)."""
+    code = (
+        "import json,sys\n"
+        "from training.inference import Predictor\n"
+        "p = Predictor.load(sys.argv[1])\n"
+        "print(json.dumps(p.predict(json.loads(sys.stdin.read())), ensure_ascii=False))\n"
+    )
+    proc = subprocess.run(
+        [settings.TRAINING_PYTHON, "-c", code, str(export)],
+        input=json.dumps(items, ensure_ascii=False),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def model_version(team, owner, exports, tmp_path):
+    """Register a trained export as a ModelVersion of ``team`` (its files in storage)."""
+    import shutil
+
+    from training import storage
+    from training.inference import read_manifest
+    from training.models import ModelVersion
+
+    def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews"):
+        export = exports(kind, seed)
+        staged = tmp_path / uuid.uuid4().hex
+        shutil.copytree(export, staged / "export")
+        prefix = f"models/{uuid.uuid4().hex}/"
+        files = storage.store_dir(staged, prefix)
+        manifest = read_manifest(staged / "export", verify=False)
+        number = ModelVersion.objects.filter(team=team, name=name).count() + 1
+        return ModelVersion.objects.create(
+            team=team,
+            name=name,
+            number=number,
+            task_kind=kind,
+            labels=manifest["labels"],
+            backend="paddle",
+            runtime=manifest["runtime"],
+            base="ernie-micro-char",
+            manifest=manifest,
+            storage_prefix=prefix,
+            files=files,
+            created_by=owner,
+        )
+
+    return make
+
+
+class ServingHostProcess:
+    """``python -m deployment.server`` on the suite's SERVING_PORT, in the runtime venv."""
+
+    def __init__(self) -> None:
+        self.port = settings.SERVING_PORT
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "SERVING_SECRET": settings.SERVING_SECRET,
+        }
+        self.proc = subprocess.Popen(
+            [settings.TRAINING_PYTHON, "-m", "deployment.server", "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(self.url + "/healthz", timeout=1).ok:
+                    return
+            except requests.RequestException:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the serving host did not start (exit code {self.proc.poll()})")
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def manage(self, method: str, path: str, body=None) -> requests.Response:
+        return requests.request(
+            method,
+            self.url + path,
+            json=body,
+            headers={"Authorization": f"Bearer {settings.SERVING_SECRET}"},
+            timeout=30,
+        )
+
+    def state(self) -> dict:
+        return self.manage("GET", "/manage/state").json()
+
+    def wait_ready(self, key: str, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            rev = self.state()["revisions"].get(key)
+            if rev and rev["state"] in ("ready", "failed"):
+                return rev
+            assert time.monotonic() < deadline, f"{key} is not ready: {rev}"
+            time.sleep(0.2)
+
+    def predict(self, name: str, body, key: str | None = None, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return requests.post(
+            f"{self.url}/v1/endpoints/{name}:predict",
+            json=body,
+            headers=headers,
+            timeout=60,
+            **kwargs,
+        )
+
+
+@pytest.fixture(scope="session")
+def serving_host():
+    host = ServingHostProcess()
+    host.start()
+    yield host
+    host.stop()
+
+
+@pytest.fixture
+def fresh_host(serving_host):
+    """The suite's serving host with nothing loaded and no endpoint routed."""
+    if serving_host.proc.poll() is not None:
+        serving_host.start()
+    state = serving_host.state()
+    for name in state["endpoints"]:
+        serving_host.manage("DELETE", f"/manage/endpoints/{name}")
+    for key in state["revisions"]:
+        serving_host.manage("DELETE", f"/manage/revisions/{key}")
+    return serving_host

@@ -1,0 +1,184 @@
+"""The serving host as a process: management API, inference over HTTP with concurrent clients
+(answers equal the in-process predictor's), dynamic batching, input and key checks."""
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.deployment.conftest import bare_predict
+
+KEY = "mpe_test-key-0123456789"
+KEY_HASH = hashlib.sha256(KEY.encode()).hexdigest()
+TEXTS = ["这个产品很好", "服务很差，退货", "总体来说满意", "讨厌", "推荐给朋友", "一般般吧质量糟糕"]
+
+
+def load(host, key: str, export, **config) -> dict:
+    r = host.manage("PUT", f"/manage/revisions/{key}", {"export_dir": str(export), **config})
+    assert r.status_code in (200, 202), r.text
+    return host.wait_ready(key)
+
+
+def route(host, name: str, revisions: dict, keys: dict | None = None, max_inputs: int = 64):
+    keys = {KEY_HASH: {"id": 1, "rate_per_s": None}} if keys is None else keys
+    r = host.manage(
+        "PUT",
+        f"/manage/endpoints/{name}",
+        {"revisions": revisions, "keys": keys, "max_inputs": max_inputs},
+    )
+    assert r.status_code == 204, r.text
+
+
+def test_concurrent_clients_get_the_in_process_models_answers(fresh_host, exports):
+    export = exports("text_classification")
+    rev = load(fresh_host, "rev-a", export, max_batch_size=8, max_wait_ms=20)
+    assert rev["state"] == "ready", rev["error"]
+    route(fresh_host, "reviews", {"rev-a": 100})
+    texts = [f"{t}{i}" for i in range(8) for t in TEXTS]
+
+    def call(text):
+        r = fresh_host.predict("reviews", {"inputs": [text]}, KEY)
+        assert r.status_code == 200, r.text
+        assert r.headers["X-Revision"] == "rev-a"
+        return r.json()["outputs"][0]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(call, texts))
+    expected = bare_predict(export, texts)
+    for got, want in zip(answers, expected, strict=True):
+        assert got["label"] == want["label"]
+        assert got["score"] == pytest.approx(want["score"], abs=1e-4)
+        assert got["top_k"][0]["label"] == want["label"]
+        assert sum(t["score"] for t in got["top_k"]) == pytest.approx(1.0, abs=1e-4)
+    # Concurrent requests were batched: fewer batches than inputs.
+    described = fresh_host.state()["revisions"]["rev-a"]
+    assert described["batches"] < described["batched_inputs"] == len(texts)
+
+
+def test_ner_spans_and_text_pairs_and_truncation(fresh_host, exports):
+    ner, pair = exports("ner"), exports("text_pair")
+    load(fresh_host, "rev-ner", ner)
+    load(fresh_host, "rev-pair", pair)
+    route(fresh_host, "places", {"rev-ner": 100})
+    route(fresh_host, "pairs", {"rev-pair": 100})
+    texts = ["质量和服务北京很好", "总体上海不错", "这个" * 100 + "广州"]
+    r = fresh_host.predict("places", {"inputs": texts}, KEY)
+    assert r.status_code == 200, r.text
+    outputs = r.json()["outputs"]
+    want = bare_predict(ner, texts)
+    for got, expected, text in zip(outputs, want, texts, strict=True):
+        assert [(e["start"], e["end"], e["label"]) for e in got["entities"]] == [
+            (e["start"], e["end"], e["label"]) for e in expected["entities"]
+        ]
+        for e in got["entities"]:
+            assert e["text"] == text[e["start"] : e["end"]] and 0 < e["score"] <= 1
+    assert any(e["label"] == "地点" for o in outputs for e in o["entities"])
+    assert [o["truncated"] for o in outputs] == [False, False, True]
+
+    items = [{"text_a": "服务很好", "text_b": "满意"}, {"text_a": "太差了", "text_b": "失望"}]
+    r = fresh_host.predict("pairs", {"inputs": items, "top_k": 1}, KEY)
+    assert r.status_code == 200, r.text
+    assert [o["label"] for o in r.json()["outputs"]] == [
+        p["label"] for p in bare_predict(pair, items)
+    ]
+    assert all(len(o["top_k"]) == 1 for o in r.json()["outputs"])
+    r = fresh_host.predict("pairs", {"inputs": ["not a pair"]}, KEY)
+    assert r.status_code == 422 and "text_a" in r.json()["error"]["message"]
+
+
+BAD_INPUTS = [
+    ({"inputs": []}, 400, "empty"),
+    ({"texts": ["好"]}, 400, '"inputs"'),
+    ({"inputs": "好"}, 400, "must be a list"),
+    ({"inputs": ["好", 3]}, 422, "inputs[1] must be a string"),
+    ({"inputs": ["好", "   "]}, 422, "inputs[1] is empty"),
+    ({"inputs": ["好"] * 65}, 413, "at most 64"),
+    ({"inputs": ["好"], "top_k": 0}, 400, "top_k"),
+]
+
+
+def test_bad_input_gets_a_4xx_that_says_why(fresh_host, exports):
+    load(fresh_host, "rev-a", exports("text_classification"))
+    route(fresh_host, "reviews", {"rev-a": 100})
+    for body, status, says in BAD_INPUTS:
+        r = fresh_host.predict("reviews", body, KEY)
+        assert r.status_code == status, (body, r.text)
+        assert says in r.json()["error"]["message"], body
+    r = requests.post(
+        f"{fresh_host.url}/v1/endpoints/reviews:predict",
+        data=b"{not json",
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=10,
+    )
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    counted = fresh_host.manage("GET", "/manage/metrics").json()["endpoints"]["reviews"]["rev-a"]
+    assert counted["client_errors"] == len(BAD_INPUTS) + 1
+
+
+def test_keys_rate_limits_and_the_management_secret(fresh_host, exports):
+    load(fresh_host, "rev-a", exports("text_classification"))
+    slow = "mpe_slow-key"
+    route(
+        fresh_host,
+        "reviews",
+        {"rev-a": 100},
+        keys={
+            KEY_HASH: {"id": 1, "rate_per_s": None},
+            hashlib.sha256(slow.encode()).hexdigest(): {"id": 2, "rate_per_s": 1},
+        },
+    )
+    body = {"inputs": ["很好"]}
+    assert fresh_host.predict("reviews", body).status_code == 401
+    assert fresh_host.predict("reviews", body, "mpe_wrong").status_code == 401
+    assert fresh_host.predict("nope", body, KEY).status_code == 404
+    codes = [fresh_host.predict("reviews", body, slow).status_code for _ in range(4)]
+    assert codes[0] == 200 and 429 in codes
+    limited = fresh_host.predict("reviews", body, slow)
+    if limited.status_code == 429:
+        assert int(limited.headers["Retry-After"]) >= 1
+    # Another key is not slowed down by the first one's limit.
+    assert all(fresh_host.predict("reviews", body, KEY).status_code == 200 for _ in range(5))
+    # The management API wants the secret.
+    assert requests.get(fresh_host.url + "/manage/state", timeout=5).status_code == 401
+    metrics = fresh_host.manage("GET", "/manage/metrics").json()["endpoints"]["reviews"]
+    assert metrics[""]["unauthorized"] == 2 and metrics[""]["rate_limited"] >= 1
+    assert metrics["rev-a"]["requests"] >= 6 and sum(metrics["rev-a"]["latency"]) >= 6
+
+
+def test_traffic_goes_only_to_ready_revisions_by_weight(fresh_host, exports):
+    load(fresh_host, "rev-a", exports("text_classification"))
+    route(fresh_host, "reviews", {"rev-a": 50, "rev-b": 50})
+    # rev-b is not loaded: all traffic goes to rev-a.
+    seen = {
+        fresh_host.predict("reviews", {"inputs": ["好"]}, KEY).headers["X-Revision"]
+        for _ in range(10)
+    }
+    assert seen == {"rev-a"}
+    load(fresh_host, "rev-b", exports("text_classification", seed=1))
+    seen = [
+        fresh_host.predict("reviews", {"inputs": ["好"]}, KEY).headers["X-Revision"]
+        for _ in range(60)
+    ]
+    assert 10 < seen.count("rev-b") < 50
+    # Weight 0 with a ready revision of weight 100: none to it.
+    route(fresh_host, "reviews", {"rev-a": 0, "rev-b": 100})
+    seen = {
+        fresh_host.predict("reviews", {"inputs": ["好"]}, KEY).headers["X-Revision"]
+        for _ in range(10)
+    }
+    assert seen == {"rev-b"}
+
+
+def test_a_model_that_fails_to_load_says_why(fresh_host, exports, tmp_path):
+    import shutil
+
+    broken = tmp_path / "export"
+    shutil.copytree(exports("text_classification"), broken)
+    (broken / "vocab.txt").write_text("[PAD]\n", encoding="utf-8")
+    rev = load(fresh_host, "rev-x", broken)
+    assert rev["state"] == "failed"
+    assert "vocab.txt does not match its sha256" in rev["error"]
+    route(fresh_host, "broken", {"rev-x": 100})
+    r = fresh_host.predict("broken", {"inputs": ["好"]}, KEY)
+    assert r.status_code == 503 and "no revision" in r.json()["error"]["message"]
