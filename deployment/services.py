@@ -57,7 +57,7 @@ def _converge_soon() -> None:
 
 
 def _check_knobs(device_type: str, replicas: int, max_batch_size: int, max_wait_ms: float):
-    if device_type not in {p.name for p in profiles()}:
+    if device_type not in profiles():
         raise ValidationError(_("Unknown device type %(d)s.") % {"d": device_type})
     if not 1 <= replicas <= 16:
         raise ValidationError(_("Replicas must be between 1 and 16."))
