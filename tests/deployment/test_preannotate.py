@@ -1,0 +1,70 @@
+"""Pre-annotation: a deployed model's answers for a labeling project's unlabeled tasks go into
+the real Label Studio as predictions with scores, least confident served first."""
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from deployment import services
+from labeling import label_studio
+from labeling import services as labeling_services
+from labeling.models import Annotation
+from tests.conftest import make_version
+from tests.deployment.test_endpoints import converge
+from tests.labeling.test_label_studio import needs_label_studio
+
+pytestmark = needs_label_studio
+
+ROWS = [
+    ["text", "label"],
+    ["这个产品很好，推荐", "正面"],
+    ["服务很差，失望", ""],
+    ["总体来说满意", ""],
+    ["讨厌，退货", ""],
+]
+
+
+def test_unlabeled_tasks_get_the_endpoints_predictions(
+    db, fresh_host, owner, team, model_version, make_team, make_user
+):
+    dataset = labeling_services.dataset_create(
+        actor=owner, team=team, name="评论", task_kind="text_classification", labels=["正面", "负面"]
+    )
+    version = make_version(dataset, owner, ROWS)
+    project = labeling_services.labeling_project_create(actor=owner, version=version, name="第二轮")
+    project = labeling_services.labeling_project_push(project.pk)
+    # Row 3 was labeled meanwhile: it keeps its annotation and gets no prediction.
+    task3 = project.tasks.get(row=3)
+    Annotation.objects.create(project=project, task=task3, ls_annotation_id=1, value={"label": "正面"})
+
+    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    converge(fresh_host, endpoint)
+    services.preannotate_start(actor=owner, project=project, endpoint=endpoint)
+    assert services.preannotate_run(project.pk, endpoint.pk, batch_size=2) == 3
+
+    answers = {}
+    for task in label_studio.client().tasks.list(project=project.ls_project_id, fields="all"):
+        for p in task.predictions:
+            data = p.model_dump() if hasattr(p, "model_dump") else p
+            if data["model_version"].startswith("reviews:"):
+                label = data["result"][0]["value"]["choices"][0]
+                answers[task.data["platform_row"]] = (label, data["score"])
+    assert set(answers) == {1, 2, 4}
+    expected = services.endpoint_predict(
+        endpoint=endpoint, inputs=[ROWS[1][0], ROWS[2][0], ROWS[4][0]]
+    )[1]["outputs"]
+    for row, out in zip((1, 2, 4), expected, strict=True):
+        assert answers[row][0] == out["label"]
+        assert answers[row][1] == pytest.approx(out["score"], abs=1e-3)
+    stored = label_studio.client().projects.get(id=project.ls_project_id)
+    assert stored.sampling == "Uncertainty sampling"
+
+    # Another team's endpoint, or one of another task kind, is refused.
+    other = make_team("Beta", {make_user("bob"): "owner"})
+    theirs = services.endpoint_deploy(
+        actor=owner, team=team, model_version=model_version("ner", name="places")
+    )
+    with pytest.raises(ValidationError, match="serves ner models"):
+        services.preannotate_start(actor=owner, project=project, endpoint=theirs)
+    theirs.team = other
+    with pytest.raises(ValidationError, match="another team"):
+        services.preannotate_start(actor=owner, project=project, endpoint=theirs)
