@@ -296,8 +296,29 @@ class Connection:
         self.sock.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux), 0 where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def load_test(
-    port: int, prepared: list[bytes], clients: int, warmup_s: float, seconds: float
+    port: int,
+    prepared: list[bytes],
+    clients: int,
+    warmup_s: float,
+    seconds: float,
+    watch: dict[str, int] | None = None,
 ) -> dict:
     """``clients`` threads, each calling in a loop; the answers completed in the window
     [warm-up end, + seconds] and their latencies."""
@@ -332,6 +353,11 @@ def load_test(
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    watch = {**(watch or {}), "clients": os.getpid()}
+    time.sleep(max(0.0, window[0] - time.perf_counter()))
+    cpu_before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+    time.sleep(max(0.0, window[1] - time.perf_counter()))
+    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / seconds for name, pid in watch.items()}
     for t in threads:
         t.join()
     if failures:
@@ -342,6 +368,7 @@ def load_test(
         "p50_ms": quantile(all_ms, 0.5),
         "p99_ms": quantile(all_ms, 0.99),
         "requests": len(all_ms),
+        "cpu": cpu,
     }
 
 
@@ -373,13 +400,24 @@ def serve(
     host.route(key, api_key)
     check_answer(host, api_key, texts[0])
     prepared = requests_for(host, api_key, texts)
-    result = load_test(host.port, prepared, args.clients, args.warmup, args.seconds)
+    watch = {"host": host.proc.pid}
+    for pid in children(host.proc.pid):  # the predictor process, not multiprocessing's tracker
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                watch["predictor"] = pid
+        except OSError:
+            pass
+    result = load_test(host.port, prepared, args.clients, args.warmup, args.seconds, watch)
     after = host.manage("GET", "/manage/state")["revisions"][key]
     result["mean_batch"] = after["batched_inputs"] / max(1, after["batches"])
     result["load_s"] = rev["load_s"]
     host.manage("DELETE", f"/manage/endpoints/{ENDPOINT}")
     host.manage("DELETE", f"/manage/revisions/{key}")
     return result
+
+
+def cpu_line(result: dict) -> str:
+    return "CPU " + ", ".join(f"{name} {share:.0%}" for name, share in result["cpu"].items())
 
 
 def main() -> None:
@@ -430,14 +468,14 @@ def main() -> None:
                 f"endpoint (max_batch_size {args.max_batch_size}, max_wait_ms "
                 f"{args.max_wait_ms:g}): {batched['samples_per_s']:.0f} samples/s, p50 "
                 f"{batched['p50_ms']:.1f} ms, p99 {batched['p99_ms']:.1f} ms, mean batch "
-                f"{batched['mean_batch']:.1f}",
+                f"{batched['mean_batch']:.1f}; {cpu_line(batched)}",
                 flush=True,
             )
             unbatched = serve(host, export, "unbatched", 1, 0, texts, args)
             print(
                 f"unbatched (max_batch_size 1, max_wait_ms 0): "
                 f"{unbatched['samples_per_s']:.0f} samples/s, p50 {unbatched['p50_ms']:.1f} "
-                f"ms, p99 {unbatched['p99_ms']:.1f} ms",
+                f"ms, p99 {unbatched['p99_ms']:.1f} ms; {cpu_line(unbatched)}",
                 flush=True,
             )
         finally:

@@ -654,7 +654,7 @@ def preannotate_run(project_id: int, endpoint_id: int, batch_size: int | None = 
     kind = project.source_version.dataset.task_kind
     labeled = set(project.annotations.values_list("task__row", flat=True))
     rows_wanted = sorted(set(project.tasks.values_list("row", flat=True)) - labeled)
-    rows = labeling_selectors.version_rows(project.source_version, set(rows_wanted))
+    rows = labeling_selectors.rows_by_number(project.source_version, set(rows_wanted))
     size = batch_size or endpoint.max_inputs
     done = 0
     for start in range(0, len(rows_wanted), size):

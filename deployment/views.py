@@ -1,9 +1,215 @@
+"""Console pages of deployment: endpoints (deploy, state, charts, try-it, keys, canary,
+promote, roll back) and the pre-annotation of a labeling project by an endpoint."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
 
 from console.permissions import team_view
+from console.roles import Perm, role_allows
+from deployment import selectors, services
+from deployment.forms import CanaryForm, DeployForm, KeyForm, PreannotateForm
+from labeling.selectors import labeling_project_get
+
+
+def _error_text(exc: ValidationError) -> str:
+    return " ".join(exc.messages)
+
+
+def _endpoint_page(request: HttpRequest, endpoint) -> HttpResponse:
+    return redirect("deployment:endpoint", team=request.team.slug, endpoint_id=endpoint.pk)
 
 
 @team_view()
 def endpoints(request: HttpRequest) -> HttpResponse:
-    return render(request, "deployment/endpoints.html")
+    rows = []
+    for endpoint in selectors.team_endpoints(request.team):
+        revisions = list(selectors.endpoint_revisions(endpoint))
+        rows.append((endpoint, selectors.endpoint_state(endpoint, revisions), revisions))
+    return render(
+        request,
+        "deployment/endpoints.html",
+        {"rows": rows, "can_write": role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)},
+    )
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+def endpoint_new(request: HttpRequest) -> HttpResponse:
+    initial = {}
+    if request.GET.get("version", "").isdigit():
+        initial["model_version"] = int(request.GET["version"])
+    form = DeployForm(request.POST or None, team=request.team, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            endpoint = services.endpoint_deploy(
+                actor=request.user, team=request.team, **form.cleaned_data
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            messages.success(request, _("Deployed. The endpoint takes traffic once it is ready."))
+            return _endpoint_page(request, endpoint)
+    return render(request, "deployment/endpoint_new.html", {"form": form})
+
+
+@team_view()
+def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    revisions = list(selectors.endpoint_revisions(endpoint))
+    can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
+    active = [r for r in revisions if r.status == "active"]
+    return render(
+        request,
+        "deployment/endpoint.html",
+        {
+            "endpoint": endpoint,
+            "state": selectors.endpoint_state(endpoint, revisions),
+            "revisions": revisions,
+            "active": active,
+            "url": f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{endpoint.name}:predict",
+            "keys": selectors.endpoint_keys(endpoint),
+            "new_key": request.session.pop("new_endpoint_key", None),
+            "key_form": KeyForm(),
+            "canary_form": CanaryForm(endpoint=endpoint),
+            "can_write": can_write,
+            "can_roll_back": len(active) > 1
+            or bool(endpoint.stable_revision and endpoint.stable_revision.replaced_id),
+        },
+    )
+
+
+def _action(request: HttpRequest, endpoint, call, done: str) -> HttpResponse:
+    try:
+        call()
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+    else:
+        messages.success(request, done)
+    return _endpoint_page(request, endpoint)
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def endpoint_canary(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    form = CanaryForm(request.POST, endpoint=endpoint)
+    if not form.is_valid():
+        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+        return _endpoint_page(request, endpoint)
+    return _action(
+        request,
+        endpoint,
+        lambda: services.revision_add(actor=request.user, endpoint=endpoint, **form.cleaned_data),
+        _("The canary takes its share of the traffic once it is ready."),
+    )
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def revision_promote(request: HttpRequest, endpoint_id: int, revision_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    revision = selectors.revision_get(endpoint, revision_id)
+    return _action(
+        request,
+        endpoint,
+        lambda: services.revision_promote(actor=request.user, revision=revision),
+        _("Promoted: this revision takes all the traffic."),
+    )
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def revision_weight(request: HttpRequest, endpoint_id: int, revision_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    revision = selectors.revision_get(endpoint, revision_id)
+    weight = request.POST.get("weight", "")
+    if not weight.isdigit():
+        messages.error(request, _("A traffic share is between 0 and 100 %."))
+        return _endpoint_page(request, endpoint)
+    return _action(
+        request,
+        endpoint,
+        lambda: services.revision_set_weight(
+            actor=request.user, revision=revision, weight=int(weight)
+        ),
+        _("The traffic split is changed."),
+    )
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def endpoint_rollback(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    return _action(
+        request,
+        endpoint,
+        lambda: services.endpoint_rollback(actor=request.user, endpoint=endpoint),
+        _("Rolled back: all traffic goes to the last good revision."),
+    )
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def endpoint_delete(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    services.endpoint_delete(actor=request.user, endpoint=endpoint)
+    messages.success(request, _("The endpoint is deleted."))
+    return redirect("deployment:endpoints", team=request.team.slug)
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    form = KeyForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+        return _endpoint_page(request, endpoint)
+    try:
+        _key, plain = services.endpoint_key_create(
+            actor=request.user, endpoint=endpoint, **form.cleaned_data
+        )
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+        return _endpoint_page(request, endpoint)
+    # Shown this once: only its hash is kept.
+    messages.success(request, _("Your new API key (copy it now, it is not shown again):"))
+    request.session["new_endpoint_key"] = plain
+    return _endpoint_page(request, endpoint)
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def key_revoke(request: HttpRequest, endpoint_id: int, endpoint_key_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    key = selectors.endpoint_key_get(endpoint, endpoint_key_id)
+    services.endpoint_key_revoke(actor=request.user, key=key)
+    messages.success(request, _("The key is revoked."))
+    return _endpoint_page(request, endpoint)
+
+
+@team_view(write=Perm.LABELING_MANAGE)
+def preannotate(request: HttpRequest, project_id: int) -> HttpResponse:
+    project = labeling_project_get(request.team, project_id)
+    endpoints = selectors.team_endpoints(request.team).filter(
+        task_kind=project.source_version.dataset.task_kind
+    )
+    form = PreannotateForm(request.POST or None, endpoints=endpoints)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.preannotate_start(
+                actor=request.user, project=project, endpoint=form.cleaned_data["endpoint"]
+            )
+        except ValidationError as exc:
+            form.add_error(None, _error_text(exc))
+        else:
+            messages.success(
+                request,
+                _("Pre-annotation has started: predictions appear in Label Studio as they come."),
+            )
+            return redirect("labeling:project", team=request.team.slug, project_id=project.pk)
+    return render(request, "deployment/preannotate.html", {"project": project, "form": form})

@@ -257,7 +257,7 @@ def labeling_project_agreement(project) -> dict:
     return agreement(labeling_project_answers(project), project.source_version.dataset.task_kind)
 
 
-def version_rows(version: DatasetVersion, wanted: set[int]) -> dict[int, dict]:
+def rows_by_number(version: DatasetVersion, wanted: set[int]) -> dict[int, dict]:
     """The rows numbered in ``wanted`` (1-based) of a version's normalised data."""
     rows = {}
     with default_storage.open(version.data_file, "rb") as f:

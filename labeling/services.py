@@ -670,7 +670,7 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
             if item.get("was_cancelled"):
                 continue
             ls_items.append((task, item))
-    rows = selectors.version_rows(project.source_version, {task.row for task, _item in ls_items})
+    rows = selectors.rows_by_number(project.source_version, {task.row for task, _item in ls_items})
     # Annotators with a platform account are named by it; others by their Label Studio e-mail.
     emails: dict[int, str] = dict(
         LabelStudioAccount.objects.values_list("ls_user_id", "user__username")
@@ -868,7 +868,7 @@ def labeling_project_preannotate(
         raise ValidationError(_("The project is not in Label Studio yet."))
     schema = schema_for(project.source_version.dataset.task_kind)
     tasks = dict(project.tasks.values_list("row", "ls_task_id"))
-    rows = selectors.version_rows(project.source_version, {p["row"] for p in predictions})
+    rows = selectors.rows_by_number(project.source_version, {p["row"] for p in predictions})
     payload = []
     for p in predictions:
         row_number = p["row"]

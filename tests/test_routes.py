@@ -89,6 +89,15 @@ def object_factories(team, owner) -> dict:
         storage_prefix="y/",
     )
     upload = labeling_services.upload_create(actor=owner, team=team, filename="x.csv", size=10)
+    from deployment.models import Endpoint, EndpointKey, Revision
+
+    endpoint = Endpoint.objects.create(
+        team=team, name=f"ep-{team.slug}", task_kind="text_classification"
+    )
+    revision = Revision.objects.create(endpoint=endpoint, number=1, model_version=model_version)
+    endpoint_key = EndpointKey.objects.create(
+        endpoint=endpoint, name="k", prefix="mpe_x", key_hash=f"hash-{team.slug}"
+    )
     return {
         "team": lambda: team.slug,
         "membership_id": lambda: Membership.objects.filter(team=team).first().pk,
@@ -106,6 +115,9 @@ def object_factories(team, owner) -> dict:
         "training_job_id": lambda: job.pk,
         "base_model_id": lambda: base.pk,
         "model_version_id": lambda: model_version.pk,
+        "endpoint_id": lambda: endpoint.pk,
+        "revision_id": lambda: revision.pk,
+        "endpoint_key_id": lambda: endpoint_key.pk,
     }
 
 

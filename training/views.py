@@ -231,6 +231,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "heatmap": heatmap(metrics.get("confusion", {})),
             "mistakes": mistakes(version.evaluation),
             "can_write": _can(request, Perm.TRAINING_WRITE),
+            "can_deploy": _can(request, Perm.DEPLOYMENT_WRITE),
         },
     )
 

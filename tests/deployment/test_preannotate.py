@@ -27,14 +27,20 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
     db, fresh_host, owner, team, model_version, make_team, make_user
 ):
     dataset = labeling_services.dataset_create(
-        actor=owner, team=team, name="评论", task_kind="text_classification", labels=["正面", "负面"]
+        actor=owner,
+        team=team,
+        name="评论",
+        task_kind="text_classification",
+        labels=["正面", "负面"],
     )
     version = make_version(dataset, owner, ROWS)
     project = labeling_services.labeling_project_create(actor=owner, version=version, name="第二轮")
     project = labeling_services.labeling_project_push(project.pk)
     # Row 3 was labeled meanwhile: it keeps its annotation and gets no prediction.
     task3 = project.tasks.get(row=3)
-    Annotation.objects.create(project=project, task=task3, ls_annotation_id=1, value={"label": "正面"})
+    Annotation.objects.create(
+        project=project, task=task3, ls_annotation_id=1, value={"label": "正面"}
+    )
 
     endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
     converge(fresh_host, endpoint)

@@ -1,12 +1,12 @@
 // The job page, live: polls the job's events (the REST API, session login) every second while
 // the job is queued or running, and draws the progress bar, the loss and dev-metric curves and
-// the log tail. No library: the charts are plain SVG.
+// the log tail. No library: the charts are plain SVG (console/chart.js).
 (function () {
   "use strict";
   const root = document.getElementById("job");
   if (!root) return;
   const url = root.dataset.eventsUrl;
-  const COLOURS = ["#1456f0", "#d83931", "#2ea121", "#de7802", "#7f3bf5"];
+  const { line, COLOURS } = window.platformChart;
   const loss = [];
   const metrics = {};
   let after = 0;
@@ -17,41 +17,6 @@
     if (s === null || s === undefined) return "–";
     s = Math.round(s);
     return s >= 60 ? Math.floor(s / 60) + " min " + (s % 60) + " s" : s + " s";
-  }
-
-  function line(svg, series, names) {
-    const W = 400, H = 200, P = 30;
-    const all = series.flat();
-    svg.innerHTML = "";
-    if (!all.length) return;
-    const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
-    const x0 = Math.min(...xs), x1 = Math.max(...xs) || 1;
-    let y0 = Math.min(...ys), y1 = Math.max(...ys);
-    if (y1 === y0) { y1 += 1; y0 -= y0 ? 0 : 0; }
-    const sx = (x) => P + ((x - x0) / (x1 - x0 || 1)) * (W - 2 * P);
-    const sy = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
-    const ns = "http://www.w3.org/2000/svg";
-    const axis = document.createElementNS(ns, "path");
-    axis.setAttribute("d", `M${P},${P} V${H - P} H${W - P}`);
-    axis.setAttribute("class", "axis");
-    svg.appendChild(axis);
-    [[y1, P], [y0, H - P]].forEach(([v, y]) => {
-      const t = document.createElementNS(ns, "text");
-      t.setAttribute("x", 2); t.setAttribute("y", y + 4); t.setAttribute("class", "tick");
-      t.textContent = (+v).toPrecision(3);
-      svg.appendChild(t);
-    });
-    series.forEach((pts, i) => {
-      if (!pts.length) return;
-      const path = document.createElementNS(ns, "polyline");
-      path.setAttribute("points", pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "));
-      path.setAttribute("fill", "none");
-      path.setAttribute("stroke", COLOURS[i % COLOURS.length]);
-      path.setAttribute("stroke-width", "2");
-      path.setAttribute("data-points", pts.length);
-      if (names) path.setAttribute("data-name", names[i]);
-      svg.appendChild(path);
-    });
   }
 
   function draw() {

@@ -1,0 +1,43 @@
+// Line charts in plain SVG, shared by the console's live pages (no library, no CDN).
+// line(svg, series, names): series is a list of [[x, y], …], one polyline each.
+(function () {
+  "use strict";
+  const COLOURS = ["#1456f0", "#d83931", "#2ea121", "#de7802", "#7f3bf5"];
+
+  function line(svg, series, names) {
+    const W = 400, H = 200, P = 30;
+    const all = series.flat();
+    svg.innerHTML = "";
+    if (!all.length) return;
+    const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+    const x0 = Math.min(...xs), x1 = Math.max(...xs) || 1;
+    let y0 = Math.min(...ys), y1 = Math.max(...ys);
+    if (y1 === y0) { y1 += 1; y0 -= y0 ? 0 : 0; }
+    const sx = (x) => P + ((x - x0) / (x1 - x0 || 1)) * (W - 2 * P);
+    const sy = (y) => H - P - ((y - y0) / (y1 - y0)) * (H - 2 * P);
+    const ns = "http://www.w3.org/2000/svg";
+    const axis = document.createElementNS(ns, "path");
+    axis.setAttribute("d", `M${P},${P} V${H - P} H${W - P}`);
+    axis.setAttribute("class", "axis");
+    svg.appendChild(axis);
+    [[y1, P], [y0, H - P]].forEach(([v, y]) => {
+      const t = document.createElementNS(ns, "text");
+      t.setAttribute("x", 2); t.setAttribute("y", y + 4); t.setAttribute("class", "tick");
+      t.textContent = (+v).toPrecision(3);
+      svg.appendChild(t);
+    });
+    series.forEach((pts, i) => {
+      if (!pts.length) return;
+      const path = document.createElementNS(ns, "polyline");
+      path.setAttribute("points", pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "));
+      path.setAttribute("fill", "none");
+      path.setAttribute("stroke", COLOURS[i % COLOURS.length]);
+      path.setAttribute("stroke-width", "2");
+      path.setAttribute("data-points", pts.length);
+      if (names) path.setAttribute("data-name", names[i]);
+      svg.appendChild(path);
+    });
+  }
+
+  window.platformChart = { line, COLOURS };
+})();

@@ -1,0 +1,201 @@
+"""REST API of deployment, under /api/v1/teams/<team>/. Thin: services write, selectors read."""
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.api import service_call
+from console.permissions import TeamPermission
+from console.roles import Perm
+from deployment import selectors, services
+from deployment.hosts import HostError
+from deployment.serializers import (
+    CanarySerializer,
+    DeploySerializer,
+    EndpointDetailSerializer,
+    EndpointSerializer,
+    KeyCreatedSerializer,
+    KeyCreateSerializer,
+    KeySerializer,
+    PreannotateSerializer,
+    PredictSerializer,
+    RevisionSerializer,
+    WeightSerializer,
+)
+from labeling.selectors import labeling_project_get
+from training.selectors import model_version_get
+
+
+class DeploymentAPIView(APIView):
+    permission_classes = [TeamPermission]
+    write_permission = Perm.DEPLOYMENT_WRITE
+
+    def endpoint(self):
+        return selectors.endpoint_get(self.request.team, self.kwargs["endpoint_id"])
+
+    def revision(self):
+        return selectors.revision_get(self.endpoint(), self.kwargs["revision_id"])
+
+
+def endpoint_detail(endpoint) -> dict:
+    revisions = list(selectors.endpoint_revisions(endpoint))
+    endpoint.state = selectors.endpoint_state(endpoint, revisions)
+    return EndpointDetailSerializer(endpoint, context={"revisions": revisions}).data
+
+
+class EndpointListCreate(DeploymentAPIView):
+    @extend_schema(responses=EndpointSerializer(many=True))
+    def get(self, request: Request, team: str) -> Response:
+        return Response(EndpointSerializer(selectors.team_endpoints(request.team), many=True).data)
+
+    @extend_schema(request=DeploySerializer, responses={201: EndpointDetailSerializer})
+    def post(self, request: Request, team: str) -> Response:
+        serializer = DeploySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        version = model_version_get(request.team, data.pop("model_version"))
+        endpoint = service_call(
+            services.endpoint_deploy,
+            actor=request.user,
+            team=request.team,
+            model_version=version,
+            **data,
+        )
+        return Response(endpoint_detail(endpoint), status=status.HTTP_201_CREATED)
+
+
+class EndpointDetail(DeploymentAPIView):
+    @extend_schema(responses=EndpointDetailSerializer)
+    def get(self, request: Request, team: str, endpoint_id: int) -> Response:
+        return Response(endpoint_detail(self.endpoint()))
+
+    def delete(self, request: Request, team: str, endpoint_id: int) -> Response:
+        service_call(services.endpoint_delete, actor=request.user, endpoint=self.endpoint())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RevisionCreate(DeploymentAPIView):
+    @extend_schema(request=CanarySerializer, responses={201: RevisionSerializer})
+    def post(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        serializer = CanarySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        version = model_version_get(request.team, data.pop("model_version"))
+        revision = service_call(
+            services.revision_add,
+            actor=request.user,
+            endpoint=endpoint,
+            model_version=version,
+            **data,
+        )
+        return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
+
+
+class RevisionDetail(DeploymentAPIView):
+    @extend_schema(responses=RevisionSerializer)
+    def get(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
+        return Response(RevisionSerializer(self.revision()).data)
+
+    @extend_schema(request=WeightSerializer, responses=RevisionSerializer)
+    def patch(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
+        revision = self.revision()
+        serializer = WeightSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        revision = service_call(
+            services.revision_set_weight,
+            actor=request.user,
+            revision=revision,
+            weight=serializer.validated_data["weight"],
+        )
+        return Response(RevisionSerializer(revision).data)
+
+
+class RevisionPromote(DeploymentAPIView):
+    @extend_schema(request=None, responses=EndpointDetailSerializer)
+    def post(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
+        revision = self.revision()
+        service_call(services.revision_promote, actor=request.user, revision=revision)
+        return Response(endpoint_detail(self.endpoint()))
+
+
+class EndpointRollback(DeploymentAPIView):
+    @extend_schema(request=None, responses=EndpointDetailSerializer)
+    def post(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        service_call(services.endpoint_rollback, actor=request.user, endpoint=endpoint)
+        return Response(endpoint_detail(self.endpoint()))
+
+
+class KeyListCreate(DeploymentAPIView):
+    @extend_schema(responses=KeySerializer(many=True))
+    def get(self, request: Request, team: str, endpoint_id: int) -> Response:
+        return Response(KeySerializer(selectors.endpoint_keys(self.endpoint()), many=True).data)
+
+    @extend_schema(request=KeyCreateSerializer, responses={201: KeyCreatedSerializer})
+    def post(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        serializer = KeyCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        key, plain = service_call(
+            services.endpoint_key_create,
+            actor=request.user,
+            endpoint=endpoint,
+            **serializer.validated_data,
+        )
+        key.key = plain
+        return Response(KeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)
+
+
+class KeyRevoke(DeploymentAPIView):
+    @extend_schema(request=None, responses=KeySerializer)
+    def post(self, request: Request, team: str, endpoint_id: int, endpoint_key_id: int):
+        key = selectors.endpoint_key_get(self.endpoint(), endpoint_key_id)
+        key = service_call(services.endpoint_key_revoke, actor=request.user, key=key)
+        return Response(KeySerializer(key).data)
+
+
+class EndpointMetrics(DeploymentAPIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("minutes", int, description="the window, 1 to 1440")],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        minutes = request.query_params.get("minutes", "60")
+        minutes = min(1440, max(1, int(minutes))) if minutes.isdigit() else 60
+        # Charts are fresh: scrape the hosts unless that was done in the last seconds.
+        services.metrics_collect(max_age_s=2.0)
+        return Response(selectors.endpoint_metrics(endpoint, minutes=minutes))
+
+
+class EndpointPredict(DeploymentAPIView):
+    """Call the endpoint as the console does (try-it): the serving host's answer as it is."""
+
+    @extend_schema(request=PredictSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        serializer = PredictSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            code, body = services.endpoint_predict(endpoint=endpoint, **serializer.validated_data)
+        except HostError as exc:
+            code, body = 503, {"error": {"code": "unreachable", "message": str(exc)}}
+        return Response(body, status=code)
+
+
+class Preannotate(DeploymentAPIView):
+    write_permission = Perm.LABELING_MANAGE
+
+    @extend_schema(request=PreannotateSerializer, responses={202: None})
+    def post(self, request: Request, team: str, project_id: int) -> Response:
+        project = labeling_project_get(request.team, project_id)
+        serializer = PreannotateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        endpoint = selectors.endpoint_get(request.team, serializer.validated_data["endpoint"])
+        service_call(
+            services.preannotate_start, actor=request.user, project=project, endpoint=endpoint
+        )
+        return Response(status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,68 @@
+from django import forms
+from django.utils.translation import gettext_lazy as _
+
+from console.hardware import device_choices
+from training.models import ModelVersion
+
+
+class KnobsForm(forms.Form):
+    device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
+    replicas = forms.IntegerField(min_value=1, max_value=16, initial=1, label=_("Replicas"))
+    max_batch_size = forms.IntegerField(
+        min_value=1, max_value=256, initial=32, label=_("Max batch size")
+    )
+    max_wait_ms = forms.FloatField(
+        min_value=0, max_value=1000, initial=5.0, label=_("Max wait (ms)")
+    )
+
+
+class DeployForm(KnobsForm):
+    model_version = forms.ModelChoiceField(
+        queryset=ModelVersion.objects.none(), label=_("Model version"), empty_label=None
+    )
+    name = forms.SlugField(
+        max_length=60,
+        required=False,
+        label=_("Endpoint name"),
+        help_text=_("Lower-case letters, digits and hyphens; empty: from the model's name."),
+    )
+    description = forms.CharField(max_length=200, required=False, label=_("Description"))
+    field_order = ["model_version", "name", "description"]
+
+    def __init__(self, *args, team, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model_version"].queryset = ModelVersion.objects.filter(team=team).order_by(
+            "-created_at"
+        )
+
+
+class CanaryForm(KnobsForm):
+    model_version = forms.ModelChoiceField(
+        queryset=ModelVersion.objects.none(), label=_("Model version"), empty_label=None
+    )
+    weight = forms.IntegerField(min_value=0, max_value=100, initial=10, label=_("Traffic %"))
+    field_order = ["model_version", "weight"]
+
+    def __init__(self, *args, endpoint, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model_version"].queryset = ModelVersion.objects.filter(
+            team=endpoint.team, task_kind=endpoint.task_kind
+        ).order_by("-created_at")
+
+
+class KeyForm(forms.Form):
+    name = forms.CharField(max_length=100, label=_("Key name"))
+    rate_per_s = forms.FloatField(
+        min_value=0.01,
+        required=False,
+        label=_("Rate limit (requests/s)"),
+        help_text=_("Empty: no limit."),
+    )
+
+
+class PreannotateForm(forms.Form):
+    endpoint = forms.ModelChoiceField(queryset=None, label=_("Endpoint"), empty_label=None)
+
+    def __init__(self, *args, endpoints, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["endpoint"].queryset = endpoints

@@ -1,0 +1,123 @@
+from django.conf import settings
+from rest_framework import serializers
+
+from deployment.models import Endpoint, EndpointKey, Placement, Revision
+
+
+class PlacementSerializer(serializers.ModelSerializer):
+    host = serializers.CharField(source="host.url")
+
+    class Meta:
+        model = Placement
+        fields = ["host", "state", "error", "replicas_ready", "updated_at"]
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    model_version = serializers.PrimaryKeyRelatedField(read_only=True)
+    model = serializers.CharField(source="model_version.__str__", read_only=True)
+    placements = PlacementSerializer(many=True, read_only=True)
+    key = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Revision
+        fields = [
+            "id",
+            "number",
+            "key",
+            "model_version",
+            "model",
+            "status",
+            "weight",
+            "replicas",
+            "device_type",
+            "max_batch_size",
+            "max_wait_ms",
+            "placements",
+            "created_at",
+            "promoted_at",
+            "retired_at",
+        ]
+
+
+class EndpointSerializer(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField()
+    stable_revision = serializers.PrimaryKeyRelatedField(read_only=True)
+
+    class Meta:
+        model = Endpoint
+        fields = [
+            "id",
+            "name",
+            "description",
+            "task_kind",
+            "url",
+            "stable_revision",
+            "max_inputs",
+            "created_at",
+        ]
+
+    def get_url(self, endpoint: Endpoint) -> str:
+        """Where applications send their requests."""
+        return f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{endpoint.name}:predict"
+
+
+class EndpointDetailSerializer(EndpointSerializer):
+    revisions = serializers.SerializerMethodField()
+    state = serializers.CharField(read_only=True)
+
+    class Meta(EndpointSerializer.Meta):
+        fields = [*EndpointSerializer.Meta.fields, "state", "revisions"]
+
+    def get_revisions(self, endpoint: Endpoint) -> list[dict]:
+        return RevisionSerializer(self.context["revisions"], many=True).data
+
+
+class KnobsSerializer(serializers.Serializer):
+    device_type = serializers.CharField(default="cpu")
+    replicas = serializers.IntegerField(default=1)
+    max_batch_size = serializers.IntegerField(default=32)
+    max_wait_ms = serializers.FloatField(default=5.0)
+
+
+class DeploySerializer(KnobsSerializer):
+    model_version = serializers.IntegerField()
+    name = serializers.CharField(max_length=60, required=False, allow_blank=True, default="")
+    description = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+
+
+class CanarySerializer(KnobsSerializer):
+    model_version = serializers.IntegerField()
+    weight = serializers.IntegerField(default=10)
+
+
+class WeightSerializer(serializers.Serializer):
+    weight = serializers.IntegerField()
+
+
+class KeySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EndpointKey
+        fields = ["id", "name", "prefix", "rate_per_s", "created_at", "revoked_at"]
+
+
+class KeyCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    rate_per_s = serializers.FloatField(required=False, allow_null=True, default=None)
+
+
+class KeyCreatedSerializer(KeySerializer):
+    key = serializers.CharField(help_text="The key itself: shown this once, stored only hashed.")
+
+    class Meta(KeySerializer.Meta):
+        fields = [*KeySerializer.Meta.fields, "key"]
+
+
+class PredictSerializer(serializers.Serializer):
+    inputs = serializers.ListField(child=serializers.JSONField(), allow_empty=False)
+    top_k = serializers.IntegerField(default=5, min_value=1)
+
+
+class PreannotateSerializer(serializers.Serializer):
+    endpoint = serializers.IntegerField()
