@@ -1,34 +1,43 @@
 """Serving speed: one exported model served three ways in one run, on the same texts.
 
-    .venv/bin/python benchmarks/serving.py   # [--seconds S] [--clients N] [--max-wait-ms M]
+    .venv/bin/python benchmarks/serving.py   # [--seconds S] [--rounds N] [--max-wait-ms M]
 
 (a) bare: ``training.inference.Predictor`` in a process of its own (the runtime venv, where
-    Paddle is), predicting the texts at batch sizes 1…64; the best batch size is the limit.
-(b) endpoint: the serving host (``python -m deployment.server``) with one revision of one
+    Paddle is) predicting the texts at batch sizes 1…64, one batch after another; the best
+    batch size's samples/s is the limit.
+(b) endpoint: the serving host (``python -m deployment.server``) with one revision of ONE
     replica, max_batch_size 32 and max_wait_ms 2, called over HTTP by 32 concurrent clients,
-    each sending one text per request on a keep-alive connection and the next when answered.
+    each sending one text per request (``{"inputs": [text]}``) on a keep-alive connection and
+    the next as soon as it is answered.
 (c) unbatched: the same host and load, the revision loaded with max_batch_size 1 and
-    max_wait_ms 0 (a batch of one per request, as a server without a batcher would run).
+    max_wait_ms 0 (a batch of one per request, as a server without a batcher runs).
 
-One replica is one predictor process with one math thread, and the bare predictor also runs
-with one thread (``Predictor.load`` sets it for the CPU), so (a), (b) and (c) have the same
-compute; the endpoint's HTTP, JSON, batching and pipe to the predictor process are what (b)
-adds. The model is ``ernie-micro-char`` trained for text classification by the real job runner
-(``python -m training.run``, as tests/deployment/conftest.py trains one) on reviews of 20–60
-characters, max_seq_length 128 (batches are padded to their longest text, so about 60).
+One replica is one predictor process with one math thread, and the bare predictor runs with
+one thread too (``Predictor.load`` sets it on a CPU), so (a), (b) and (c) have the same
+compute; what (b) adds is HTTP, JSON, the batcher and the pipe to the predictor process, and
+they share the machine's other cores with the clients. The model is ``ernie-micro-char``
+trained for text classification by the real job runner (``python -m training.run``, as
+tests/deployment/conftest.py trains one) on reviews of 20–60 characters, max_seq_length 128
+(batches are padded to their longest text, so to about 60).
 
-max_wait_ms 2: with as many clients as a batch holds, each batch's answers send its clients'
-next requests at once; a short wait lets a batch fill with those that arrive together, and a
-batch cut short goes on computing while the rest arrive for the next (the batches pipeline). A
-longer wait only leaves the predictor idle. The clients and the host share this machine's CPU,
-so the clients are raw sockets with prepared request bytes (cheap per request).
+Other work on the machine moves both sides, so (a) at its best batch size and (b) are measured
+in alternating windows (``--rounds``), each after a warm-up, and compared over the same
+stretch of time; (c) is measured once, after them. Samples/s count the answers completed in a
+window; latency runs from sending a request to reading its whole answer. The clients are
+threads with raw keep-alive sockets and prepared request bytes: cheap per request, so that
+they take little of the CPU the host needs.
 
-Samples/s count the answers completed in the measured window (after a warm-up); latency is
-from sending a request to reading its whole answer. Aims: endpoint / bare ≥ 0.8, endpoint /
-unbatched ≥ 1.5.
+max_wait_ms 2: with as many clients as a batch holds, the answers of one batch bring their
+clients' next requests back together, over the time the host takes to answer and parse them.
+A short wait lets a batch take those already queued and go: a batch cut short computes while
+the rest arrive, so the predictor never idles (two batches of about 16 alternate). A wait
+longer than that spread (≥ 5 ms here) fills batches of 32, but the predictor idles while each
+batch's clients come back. The benchmark prints the mean batch size and the CPU share of the
+host, predictor and clients in each window.
 
-Ends with one JSON line: bare_samples_per_s, endpoint_samples_per_s, unbatched_samples_per_s,
-ratio_vs_bare, ratio_vs_unbatched, p50_ms, p99_ms (the last two of the endpoint).
+Aims: endpoint / bare ≥ 0.8, endpoint / unbatched ≥ 1.5. Ends with one JSON line:
+bare_samples_per_s, endpoint_samples_per_s, unbatched_samples_per_s, ratio_vs_bare,
+ratio_vs_unbatched, p50_ms, p99_ms (the last two of the endpoint).
 """
 
 import argparse
@@ -38,6 +47,7 @@ import os
 import random
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +55,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,30 +69,26 @@ CHARS = (
 )
 ENDPOINT = "bench"
 
-# The bare predictor, in the runtime venv: argv = export dir, seconds per batch size, sizes;
-# the texts on stdin. One line of JSON: {batch size: samples/s}.
+# The bare predictor, in the runtime venv: argv = export dir, a JSON file of texts. Prints
+# "ready", then answers each line "<batch size> <seconds>" on stdin with a line of JSON: the
+# samples/s and CPU share of predicting the texts in batches of that size for that long.
 BARE = r"""
 import json, sys, time
 from training.inference import Predictor
 
 predictor = Predictor.load(sys.argv[1])
-seconds = float(sys.argv[2])
-texts = json.loads(sys.stdin.read())
-out = {}
-for size in [int(s) for s in sys.argv[3].split(",")]:
-    predictor.predict(texts[: size * 4], batch_size=size)  # warm-up: buffers of this size
-    done, started = 0, time.perf_counter()
-    while True:
-        for start in range(0, len(texts), size):
-            predictor.predict(texts[start : start + size], batch_size=size)
-            done += len(texts[start : start + size])
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                break
-        if elapsed >= seconds:
-            break
-    out[size] = done / elapsed
-print(json.dumps(out))
+texts = json.loads(open(sys.argv[2], encoding="utf-8").read())
+print("ready", flush=True)
+for line in sys.stdin:
+    size, seconds = int(line.split()[0]), float(line.split()[1])
+    predictor.predict(texts[: size * 2], batch_size=size)  # warm-up: buffers of this size
+    done, start, cpu = 0, time.perf_counter(), time.process_time()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        chunk = texts[(done % len(texts)) :][:size]
+        predictor.predict(chunk, batch_size=size)
+        done += len(chunk)
+    cpu = (time.process_time() - cpu) / elapsed
+    print(json.dumps({"samples_per_s": done / elapsed, "cpu": cpu}), flush=True)
 """
 
 
@@ -147,20 +154,42 @@ def train_export(workdir: Path, rows: list[dict], epochs: int) -> Path:
     return workdir / "export"
 
 
-def run_bare(export: Path, texts: list[str], seconds: float, sizes: list[int]) -> dict[int, float]:
-    proc = subprocess.run(
-        [runtime_python(), "-c", BARE, str(export), str(seconds), ",".join(map(str, sizes))],
-        input=json.dumps(texts, ensure_ascii=False),
-        cwd=ROOT,
-        env=runtime_env(OMP_NUM_THREADS="1"),  # as the serving host's predictor processes
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode:
-        sys.exit(f"the bare predictor failed:\n{proc.stderr[-3000:]}")
-    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+class Bare:
+    """The bare predictor's process, measuring on demand."""
+
+    def __init__(self, export: Path, texts_file: Path) -> None:
+        self.proc = subprocess.Popen(
+            [runtime_python(), "-c", BARE, str(export), str(texts_file)],
+            cwd=ROOT,
+            env=runtime_env(OMP_NUM_THREADS="1"),  # as the serving host's predictor processes
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self._line() != "ready":
+            sys.exit("the bare predictor did not load (its error is above)")
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"the bare predictor exited (exit code {self.proc.wait()})")
+        return line.strip()
+
+    def measure(self, size: int, seconds: float) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{size} {seconds}\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line())
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class Host:
@@ -305,11 +334,56 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children(pid: int) -> list[int]:
+def predictor_pid(host: Host) -> int | None:
+    """The host's predictor process (one revision loaded): a spawned child, not
+    multiprocessing's resource tracker."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        kids = Path(f"/proc/{host.proc.pid}/task/{host.proc.pid}/children").read_text().split()
     except OSError:
-        return []
+        return None
+    for pid in kids:
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+        except OSError:
+            pass
+    return None
+
+
+class Endpoint:
+    """One revision loaded alone on the host and the endpoint routed to it."""
+
+    def __init__(self, host: Host, export: Path, key: str, batch: int, wait_ms: float) -> None:
+        self.host, self.key, self.api_key = host, key, secrets.token_urlsafe(16)
+        self.load_s = host.load(key, export, batch, wait_ms)["load_s"]
+        host.route(key, self.api_key)
+        self.predictor = predictor_pid(host)
+
+    def check(self, text: str) -> None:
+        """One request the ordinary way: the endpoint answers a label of the model."""
+        request = urllib.request.Request(  # noqa: S310 - our own loopback host
+            f"{self.host.url}/v1/endpoints/{ENDPOINT}:predict",
+            data=json.dumps({"inputs": [text]}).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {self.api_key}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310
+            answer = json.loads(r.read())
+        assert answer["outputs"][0]["label"] in LABELS, answer
+
+    def probe(self) -> dict[str, float]:
+        """Counters whose differences over a window the load test reports."""
+        rev = self.host.manage("GET", "/manage/state")["revisions"][self.key]
+        out = {"batches": rev["batches"], "batched_inputs": rev["batched_inputs"]}
+        out["cpu host"] = cpu_seconds(self.host.proc.pid)
+        if self.predictor:
+            out["cpu predictor"] = cpu_seconds(self.predictor)
+        out["cpu clients"] = cpu_seconds(os.getpid())
+        return out
+
+    def remove(self) -> None:
+        self.host.manage("DELETE", f"/manage/endpoints/{ENDPOINT}")
+        self.host.manage("DELETE", f"/manage/revisions/{self.key}")
 
 
 def load_test(
@@ -318,25 +392,25 @@ def load_test(
     clients: int,
     warmup_s: float,
     seconds: float,
-    watch: dict[str, int] | None = None,
+    probe: Callable[[], dict[str, float]],
 ) -> dict:
-    """``clients`` threads, each calling in a loop; the answers completed in the window
-    [warm-up end, + seconds] and their latencies."""
-    start_at = time.perf_counter() + 0.5
+    """``clients`` threads, each sending one request after another; the answers completed in
+    the window [warm-up end, + seconds], their latencies in ms, and what ``probe`` counted."""
+    start_at = time.perf_counter() + 0.2
     window = (start_at + warmup_s, start_at + warmup_s + seconds)
     latencies: list[list[float]] = [[] for _ in range(clients)]
     failures: list[str] = []
 
     def client(i: int) -> None:
-        conn = Connection(port)
-        mine = latencies[i]
-        n = i * 7
+        try:
+            conn = Connection(port)
+        except OSError as exc:
+            failures.append(f"connect: {exc}")
+            return
+        mine, n = latencies[i], i * 7
         try:
             time.sleep(max(0.0, start_at - time.perf_counter()))
-            while True:
-                sent = time.perf_counter()
-                if sent >= window[1]:
-                    return
+            while (sent := time.perf_counter()) < window[1]:
                 status, body = conn.call(prepared[n % len(prepared)])
                 done = time.perf_counter()
                 n += 1
@@ -344,7 +418,7 @@ def load_test(
                     failures.append(f"{status} {body[:300]!r}")
                     return
                 if window[0] <= done < window[1]:
-                    mine.append(done - sent)
+                    mine.append((done - sent) * 1000)
         except Exception as exc:
             failures.append(f"{type(exc).__name__}: {exc}")
         finally:
@@ -353,86 +427,56 @@ def load_test(
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
-    watch = {**(watch or {}), "clients": os.getpid()}
     time.sleep(max(0.0, window[0] - time.perf_counter()))
-    cpu_before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+    before = probe()
     time.sleep(max(0.0, window[1] - time.perf_counter()))
-    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / seconds for name, pid in watch.items()}
+    after = probe()
     for t in threads:
         t.join()
     if failures:
         sys.exit(f"{len(failures)} client(s) failed, the first: {failures[0]}")
-    all_ms = sorted(x * 1000 for mine in latencies for x in mine)
+    ms = [x for mine in latencies for x in mine]
+    counted = {k: after[k] - before[k] for k in before}
     return {
-        "samples_per_s": len(all_ms) / seconds,
-        "p50_ms": quantile(all_ms, 0.5),
-        "p99_ms": quantile(all_ms, 0.99),
-        "requests": len(all_ms),
-        "cpu": cpu,
+        "samples_per_s": len(ms) / seconds,
+        "latencies_ms": ms,
+        "mean_batch": counted.pop("batched_inputs") / max(1, counted.pop("batches")),
+        "cpu": {k.removeprefix("cpu "): v / seconds for k, v in counted.items()},
     }
 
 
-def quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
         return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def check_answer(host: Host, api_key: str, text: str) -> None:
-    """One request the ordinary way: the endpoint answers a label of the model."""
-    request = urllib.request.Request(  # noqa: S310 - our own loopback host
-        f"{host.url}/v1/endpoints/{ENDPOINT}:predict",
-        data=json.dumps({"inputs": [text]}).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+def describe(result: dict) -> str:
+    ms = result["latencies_ms"]
+    cpu = ", ".join(f"{name} {share:.0%}" for name, share in result["cpu"].items())
+    return (
+        f"{result['samples_per_s']:.0f} samples/s, p50 {quantile(ms, 0.5):.1f} ms, p99 "
+        f"{quantile(ms, 0.99):.1f} ms, mean batch {result['mean_batch']:.1f}; CPU {cpu}"
     )
-    with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310
-        answer = json.loads(r.read())
-    assert answer["outputs"][0]["label"] in LABELS, answer
-
-
-def serve(
-    host: Host, export: Path, key: str, batch: int, wait_ms: float, texts: list[str], args
-) -> dict:
-    """Load ``key`` alone on the host, route the endpoint to it, put the load on it."""
-    api_key = secrets.token_urlsafe(16)
-    rev = host.load(key, export, batch, wait_ms)
-    host.route(key, api_key)
-    check_answer(host, api_key, texts[0])
-    prepared = requests_for(host, api_key, texts)
-    watch = {"host": host.proc.pid}
-    for pid in children(host.proc.pid):  # the predictor process, not multiprocessing's tracker
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                watch["predictor"] = pid
-        except OSError:
-            pass
-    result = load_test(host.port, prepared, args.clients, args.warmup, args.seconds, watch)
-    after = host.manage("GET", "/manage/state")["revisions"][key]
-    result["mean_batch"] = after["batched_inputs"] / max(1, after["batches"])
-    result["load_s"] = rev["load_s"]
-    host.manage("DELETE", f"/manage/endpoints/{ENDPOINT}")
-    host.manage("DELETE", f"/manage/revisions/{key}")
-    return result
-
-
-def cpu_line(result: dict) -> str:
-    return "CPU " + ", ".join(f"{name} {share:.0%}" for name, share in result["cpu"].items())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=400, help="training rows")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--export", type=Path, help="an existing export: no training")
     parser.add_argument("--texts", type=int, default=512, help="distinct texts sent")
-    parser.add_argument("--bare-seconds", type=float, default=3.0, help="per batch size")
-    parser.add_argument("--bare-sizes", default="1,8,16,32,64")
+    parser.add_argument("--sizes", default="1,8,16,32,64", help="the bare batch sizes")
+    parser.add_argument("--sweep-seconds", type=float, default=1.5, help="per bare batch size")
+    parser.add_argument("--rounds", type=int, default=3, help="bare and endpoint windows")
+    parser.add_argument("--bare-seconds", type=float, default=3.0, help="a bare window")
+    parser.add_argument("--seconds", type=float, default=5.0, help="an endpoint window")
+    parser.add_argument("--warmup", type=float, default=2.0, help="before a first window")
+    parser.add_argument("--unbatched-seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
-    parser.add_argument("--seconds", type=float, default=15.0, help="measured, per endpoint")
-    parser.add_argument("--export", type=Path, help="an existing export: no training")
     args = parser.parse_args()
 
     texts = [r["text"] for r in make_rows(args.texts, seed=1)]
@@ -444,60 +488,92 @@ def main() -> None:
             started = time.perf_counter()
             export = train_export(tmp / "job", make_rows(args.rows), args.epochs)
             print(f"  trained and exported in {time.perf_counter() - started:.1f} s", flush=True)
+        texts_file = tmp / "texts.json"
+        texts_file.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
         print(
             f"{len(texts)} texts of {min(map(len, texts))}–{max(map(len, texts))} characters; "
-            f"load average {os.getloadavg()[0]:.2f} (other work on the CPU skews the figures)",
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on the "
+            "CPU skews the figures)",
             flush=True,
         )
-        sizes = [int(s) for s in args.bare_sizes.split(",")]
-        bare = run_bare(export, texts, args.bare_seconds, sizes)
-        best = max(bare, key=lambda s: bare[s])
-        print(
-            "bare predictor: "
-            + ", ".join(f"batch {s}: {v:.0f}" for s, v in bare.items())
-            + f" samples/s; best batch {best}",
-            flush=True,
-        )
-
-        host = Host(tmp / "host.log")
+        bare = Bare(export, texts_file)
+        host: Host | None = None
         try:
-            batched = serve(
-                host, export, "batched", args.max_batch_size, args.max_wait_ms, texts, args
-            )
+            sweep = {
+                size: bare.measure(size, args.sweep_seconds)["samples_per_s"]
+                for size in (int(s) for s in args.sizes.split(","))
+            }
+            best = max(sweep, key=lambda s: sweep[s])
             print(
-                f"endpoint (max_batch_size {args.max_batch_size}, max_wait_ms "
-                f"{args.max_wait_ms:g}): {batched['samples_per_s']:.0f} samples/s, p50 "
-                f"{batched['p50_ms']:.1f} ms, p99 {batched['p99_ms']:.1f} ms, mean batch "
-                f"{batched['mean_batch']:.1f}; {cpu_line(batched)}",
+                "bare predictor: "
+                + ", ".join(f"batch {s}: {v:.0f}" for s, v in sweep.items())
+                + f" samples/s; best batch {best}",
                 flush=True,
             )
-            unbatched = serve(host, export, "unbatched", 1, 0, texts, args)
+            host = Host(tmp / "host.log")
+            batched = Endpoint(host, export, "batched", args.max_batch_size, args.max_wait_ms)
+            batched.check(texts[0])
+            prepared = requests_for(host, batched.api_key, texts)
             print(
-                f"unbatched (max_batch_size 1, max_wait_ms 0): "
-                f"{unbatched['samples_per_s']:.0f} samples/s, p50 {unbatched['p50_ms']:.1f} "
-                f"ms, p99 {unbatched['p99_ms']:.1f} ms; {cpu_line(unbatched)}",
+                f"endpoint: one replica, max_batch_size {args.max_batch_size}, max_wait_ms "
+                f"{args.max_wait_ms:g}, {args.clients} clients (loaded in {batched.load_s} s)",
                 flush=True,
             )
+            bare_rates, rounds = [], []
+            for i in range(args.rounds):
+                bare_rates.append(bare.measure(best, args.bare_seconds)["samples_per_s"])
+                warmup = args.warmup if i == 0 else 1.0
+                rounds.append(
+                    load_test(
+                        host.port, prepared, args.clients, warmup, args.seconds, batched.probe
+                    )
+                )
+                print(
+                    f"  round {i + 1}: bare {bare_rates[-1]:.0f} samples/s; endpoint "
+                    f"{describe(rounds[-1])}; ratio "
+                    f"{rounds[-1]['samples_per_s'] / bare_rates[-1]:.3f}",
+                    flush=True,
+                )
+            batched.remove()
+            plain = Endpoint(host, export, "unbatched", 1, 0)
+            plain.check(texts[0])
+            unbatched = load_test(
+                host.port,
+                requests_for(host, plain.api_key, texts),
+                args.clients,
+                args.warmup,
+                args.unbatched_seconds,
+                plain.probe,
+            )
+            print(f"unbatched (max_batch_size 1, max_wait_ms 0): {describe(unbatched)}")
+            plain.remove()
         finally:
-            host.stop()
+            bare.close()
+            if host is not None:
+                host.stop()
 
-    bare_rate = bare[best]
-    ratio_bare = batched["samples_per_s"] / bare_rate
-    ratio_unbatched = batched["samples_per_s"] / unbatched["samples_per_s"]
+    bare_rate = statistics.mean(bare_rates)
+    endpoint_rate = statistics.mean(r["samples_per_s"] for r in rounds)
+    unbatched_rate = unbatched["samples_per_s"]
+    ms = [x for r in rounds for x in r["latencies_ms"]]
+    ratio_bare, ratio_unbatched = endpoint_rate / bare_rate, endpoint_rate / unbatched_rate
+    median_ratio = statistics.median(
+        r["samples_per_s"] / b for r, b in zip(rounds, bare_rates, strict=True)
+    )
     print(
-        f"ratio vs bare: {ratio_bare:.3f} (aim ≥ 0.8); vs unbatched: {ratio_unbatched:.2f} "
-        f"(aim ≥ 1.5); {args.clients} clients, one replica"
+        f"endpoint / bare (batch {best}): {ratio_bare:.3f} (aim ≥ 0.8; the median of the "
+        f"rounds' {median_ratio:.3f}); endpoint / unbatched: {ratio_unbatched:.2f} (aim ≥ 1.5)"
     )
     print(
         json.dumps(
             {
                 "bare_samples_per_s": round(bare_rate, 1),
-                "endpoint_samples_per_s": round(batched["samples_per_s"], 1),
-                "unbatched_samples_per_s": round(unbatched["samples_per_s"], 1),
+                "endpoint_samples_per_s": round(endpoint_rate, 1),
+                "unbatched_samples_per_s": round(unbatched_rate, 1),
                 "ratio_vs_bare": round(ratio_bare, 3),
                 "ratio_vs_unbatched": round(ratio_unbatched, 3),
-                "p50_ms": round(batched["p50_ms"], 2),
-                "p99_ms": round(batched["p99_ms"], 2),
+                "p50_ms": round(quantile(ms, 0.5), 2),
+                "p99_ms": round(quantile(ms, 0.99), 2),
             }
         )
     )

@@ -19,7 +19,18 @@ if [ -z "${SECRET_KEY:-}" ]; then
   export SECRET_KEY
 fi
 
-processes=(web worker train beat)
+# The serving hosts' management secret, shared by the console and the serving host.
+if [ -z "${SERVING_SECRET:-}" ]; then
+  serving_file="$PLATFORM_DATA_DIR/serving_secret"
+  if [ ! -s "$serving_file" ]; then
+    (umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > "$serving_file")
+  fi
+  SERVING_SECRET="$(cat "$serving_file")"
+  export SERVING_SECRET
+fi
+export SERVING_PORT="${SERVING_PORT:-8300}"
+
+processes=(web worker train beat serve)
 if [ -z "${REDIS_URL:-}" ]; then
   export PLATFORM_REDIS_PORT="${PLATFORM_REDIS_PORT:-6380}"
   export REDIS_URL="redis://127.0.0.1:$PLATFORM_REDIS_PORT/0"
@@ -38,6 +49,7 @@ python manage.py collectstatic --noinput --verbosity 0
 python manage.py platform_bootstrap --url "http://${PLATFORM_WEB_HOST:-127.0.0.1}:${PLATFORM_WEB_PORT:-8000}/"
 echo "  Redis          : $REDIS_URL"
 echo "  Label Studio   : $LABEL_STUDIO_URL"
+echo "  推理 Serving   : http://127.0.0.1:$SERVING_PORT (the endpoints' inference API)"
 echo "  数据 Data      : $PLATFORM_DATA_DIR"
 echo "  Ctrl-C stops every process."
 echo

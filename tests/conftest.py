@@ -15,6 +15,8 @@ from console.roles import Role
 ROOT = Path(__file__).resolve().parent.parent
 # tests/runtime runs in the runtime venv (make test), without Django.
 collect_ignore = ["runtime"]
+# Trained exports, a serving host process: for tests/deployment and the browser tests.
+pytest_plugins = ["tests.deployment.fixtures"]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.deployment.conftest import bare_predict
+from tests.deployment.fixtures import bare_predict
 
 KEY = "mpe_test-key-0123456789"
 KEY_HASH = hashlib.sha256(KEY.encode()).hexdigest()
