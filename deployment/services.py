@@ -170,7 +170,7 @@ def _rebalance(endpoint: Endpoint) -> None:
     canaries = _active(endpoint).exclude(pk=endpoint.stable_revision_id)
     taken = sum(r.weight for r in canaries)
     if taken > 100:
-        raise ValidationError(_("The canaries would take more than 100 % of the traffic."))
+        raise ValidationError(_("The canaries' shares would add up to more than 100."))
     _active(endpoint).filter(pk=endpoint.stable_revision_id).update(weight=100 - taken)
 
 
