@@ -7,7 +7,14 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from console.models import Team
-from deployment.models import Endpoint, EndpointKey, MetricSample, Placement, Revision
+from deployment.models import (
+    Endpoint,
+    EndpointKey,
+    MetricSample,
+    Placement,
+    Revision,
+    ServingHost,
+)
 from deployment.server.metrics import BUCKETS_MS, COUNTERS, percentile
 
 
@@ -19,6 +26,11 @@ def team_endpoints(team: Team) -> QuerySet[Endpoint]:
             to_attr="active_revisions",
         )
     )
+
+
+def serving_hosts() -> QuerySet[ServingHost]:
+    """The serving hosts as the reconciler last found them (shared by every team)."""
+    return ServingHost.objects.all()
 
 
 def endpoint_get(team: Team, endpoint_id: int) -> Endpoint:

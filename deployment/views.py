@@ -33,7 +33,11 @@ def endpoints(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "deployment/endpoints.html",
-        {"rows": rows, "can_write": role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)},
+        {
+            "rows": rows,
+            "hosts": selectors.serving_hosts(),
+            "can_write": role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE),
+        },
     )
 
 

@@ -23,8 +23,11 @@ LABELS = {
 }
 
 
-def train_export(kind: str, workdir: Path, seed: int = 0, epochs: int = 8) -> Path:
-    """Train the default preset on keyword rows with the job runner; the export directory."""
+def train_export(
+    kind: str, workdir: Path, seed: int = 0, epochs: int = 8, backend: str = "paddle"
+) -> Path:
+    """Train the default preset on keyword rows with the job runner; the export directory
+    (Paddle Inference for the paddle backend, ONNX for torch)."""
     from training.spec import Hyperparameters, JobSpec
 
     rows, _mapping = rows_for(kind, 80, seed=seed)
@@ -38,12 +41,15 @@ def train_export(kind: str, workdir: Path, seed: int = 0, epochs: int = 8) -> Pa
         job_id=seed + 1,
         task_kind=kind,
         labels=LABELS[kind],
+        backend=backend,
         preset="ernie-micro-char",
         hyperparameters=Hyperparameters(
             epochs=epochs, batch_size=16, learning_rate=1e-3, max_seq_length=64, seed=seed
         ),
     ).save(workdir)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "USE_TORCH": "0", "USE_TF": "0"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if backend == "paddle":  # as training.services.runner_env: no torch import for paddle
+        env.update(USE_TORCH="0", USE_TF="0")
     for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL"):
         env.pop(var, None)
     proc = subprocess.run(
@@ -59,14 +65,14 @@ def train_export(kind: str, workdir: Path, seed: int = 0, epochs: int = 8) -> Pa
 
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
-    """Exports by (kind, seed), trained on first use."""
-    cache: dict[tuple[str, int], Path] = {}
+    """Exports by (kind, seed, backend), trained on first use."""
+    cache: dict[tuple[str, int, str], Path] = {}
 
-    def get(kind: str = "text_classification", seed: int = 0) -> Path:
-        if (kind, seed) not in cache:
-            workdir = tmp_path_factory.mktemp(f"train-{kind}-{seed}")
-            cache[(kind, seed)] = train_export(kind, workdir, seed)
-        return cache[(kind, seed)]
+    def get(kind: str = "text_classification", seed: int = 0, backend: str = "paddle") -> Path:
+        if (kind, seed, backend) not in cache:
+            workdir = tmp_path_factory.mktemp(f"train-{kind}-{seed}-{backend}")
+            cache[(kind, seed, backend)] = train_export(kind, workdir, seed, backend=backend)
+        return cache[(kind, seed, backend)]
 
     return get
 

@@ -87,6 +87,21 @@ def test_ner_spans_and_text_pairs_and_truncation(fresh_host, exports):
     assert r.status_code == 422 and "text_a" in r.json()["error"]["message"]
 
 
+def test_an_onnx_export_of_the_torch_backend_is_served(fresh_host, exports):
+    export = exports("multi_label", backend="torch")
+    rev = load(fresh_host, "rev-onnx", export, max_batch_size=4)
+    assert rev["state"] == "ready", rev["error"]
+    route(fresh_host, "tags", {"rev-onnx": 100})
+    texts = ["物流快，很好", "很差，失望", "推荐，物流快"]
+    r = fresh_host.predict("tags", {"inputs": texts}, KEY)
+    assert r.status_code == 200, r.text
+    for got, want in zip(r.json()["outputs"], bare_predict(export, texts), strict=True):
+        assert got["labels"] == want["labels"]
+        assert {s["label"]: s["score"] for s in got["scores"]} == pytest.approx(
+            want["scores"], abs=1e-4
+        )
+
+
 BAD_INPUTS = [
     ({"inputs": []}, 400, "empty"),
     ({"texts": ["好"]}, 400, '"inputs"'),
