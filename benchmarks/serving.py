@@ -157,23 +157,27 @@ def train_export(workdir: Path, rows: list[dict], epochs: int) -> Path:
 class Bare:
     """The bare predictor's process, measuring on demand."""
 
-    def __init__(self, export: Path, texts_file: Path) -> None:
-        self.proc = subprocess.Popen(
-            [runtime_python(), "-c", BARE, str(export), str(texts_file)],
-            cwd=ROOT,
-            env=runtime_env(OMP_NUM_THREADS="1"),  # as the serving host's predictor processes
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    def __init__(self, export: Path, texts_file: Path, log: Path) -> None:
+        self.log = log
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [runtime_python(), "-c", BARE, str(export), str(texts_file)],
+                cwd=ROOT,
+                env=runtime_env(OMP_NUM_THREADS="1"),  # as the host's predictor processes
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
         if self._line() != "ready":
-            sys.exit("the bare predictor did not load (its error is above)")
+            sys.exit(f"the bare predictor did not load:\n{log.read_text()[-3000:]}")
 
     def _line(self) -> str:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            sys.exit(f"the bare predictor exited (exit code {self.proc.wait()})")
+            code = self.proc.wait()
+            sys.exit(f"the bare predictor exited ({code}):\n{self.log.read_text()[-3000:]}")
         return line.strip()
 
     def measure(self, size: int, seconds: float) -> dict:
@@ -496,7 +500,7 @@ def main() -> None:
             "CPU skews the figures)",
             flush=True,
         )
-        bare = Bare(export, texts_file)
+        bare = Bare(export, texts_file, tmp / "bare.log")
         host: Host | None = None
         try:
             sweep = {
