@@ -228,7 +228,6 @@ async def predict(request: Request) -> Response:
             raise InputError('"top_k" must be a positive integer', 400)
     except InputError as exc:
         series.counts["client_errors"] += 1
-        series.observe((time.perf_counter() - started) * 1000)
         extra = {} if exc.index is None else {"index": exc.index}
         return _error(exc.status, "invalid_input", exc.message, **extra)
     series.counts["inputs"] += len(inputs)
