@@ -49,21 +49,21 @@ def hash_token(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class ApiToken(models.Model):
-    """A personal API token. Only its hash is stored; the key is shown once, at creation."""
+class HashedKey(models.Model):
+    """A secret key of which only the hash is stored; the key is shown once, at creation.
+    Personal API tokens and endpoint API keys are both."""
 
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
-    )
+    KEY_PREFIX = TOKEN_PREFIX
+
     name = models.CharField(_("name"), max_length=100)
-    # The first characters of the key, kept so a user can tell tokens apart.
+    # The first characters of the key, kept so a user can tell keys apart.
     prefix = models.CharField(max_length=16)
     key_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
-    last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
@@ -73,9 +73,24 @@ class ApiToken(models.Model):
     def is_active(self) -> bool:
         return self.revoked_at is None
 
-    @staticmethod
-    def generate_key() -> str:
-        return TOKEN_PREFIX + secrets.token_urlsafe(32)
+    @classmethod
+    def issue(cls, **fields) -> tuple["HashedKey", str]:
+        """A new key: the saved object and the key itself (never retrievable again)."""
+        key = cls.KEY_PREFIX + secrets.token_urlsafe(32)
+        obj = cls.objects.create(prefix=key[:10], key_hash=hash_token(key), **fields)
+        return obj, key
+
+
+class ApiToken(HashedKey):
+    """A personal API token."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(HashedKey.Meta):
+        pass
 
 
 class AuditEvent(models.Model):

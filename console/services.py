@@ -13,7 +13,7 @@ from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
 from console.middleware import client_ip
-from console.models import ApiToken, AuditEvent, Membership, Team, hash_token
+from console.models import ApiToken, AuditEvent, Membership, Team
 from console.roles import Role
 
 User = get_user_model()
@@ -144,10 +144,7 @@ def api_token_create(*, actor: AbstractBaseUser, name: str) -> tuple[ApiToken, s
     name = name.strip()
     if not name:
         raise ValidationError(_("A token needs a name."))
-    key = ApiToken.generate_key()
-    token = ApiToken.objects.create(
-        user=actor, name=name[:100], prefix=key[:10], key_hash=hash_token(key)
-    )
+    token, key = ApiToken.issue(user=actor, name=name[:100])
     audit_record(action="token.create", actor=actor, target=token)
     return token, key
 

@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from console.models import Team
+from console.models import HashedKey, Team
 from training.models import ModelVersion
 
 
@@ -138,13 +138,12 @@ class Placement(models.Model):
         return f"{self.revision} on {self.host}: {self.state}"
 
 
-class EndpointKey(models.Model):
-    """An API key of one endpoint. Only its hash is stored; the key is shown once."""
+class EndpointKey(HashedKey):
+    """An API key of one endpoint, sent by applications (``Authorization: Bearer mpe_…``)."""
+
+    KEY_PREFIX = "mpe_"  # told apart from personal tokens (mp_)
 
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="keys")
-    name = models.CharField(_("name"), max_length=100)
-    prefix = models.CharField(max_length=16)
-    key_hash = models.CharField(max_length=64, unique=True)
     # Requests per second this key may send (per serving host); empty: no limit.
     rate_per_s = models.FloatField(
         _("rate limit (requests/s)"), null=True, blank=True, validators=[MinValueValidator(0.01)]
@@ -152,18 +151,9 @@ class EndpointKey(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
-    created_at = models.DateTimeField(default=timezone.now)
-    revoked_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        ordering = ["-created_at"]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.prefix}…)"
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
+    class Meta(HashedKey.Meta):
+        pass
 
 
 class MetricSample(models.Model):

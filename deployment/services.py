@@ -22,7 +22,7 @@ from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
 from console.hardware import profile, profiles
-from console.models import Team, hash_token
+from console.models import Team
 from console.services import audit_record
 from deployment.hosts import HostClient, HostError
 from deployment.models import (
@@ -42,7 +42,6 @@ from training.models import ModelVersion
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "mpe_"  # an endpoint key, told apart from personal tokens (mp_)
 EXPORT = "export/"
 
 
@@ -335,21 +334,13 @@ def endpoint_key_create(
     *, actor: AbstractBaseUser, endpoint: Endpoint, name: str, rate_per_s: float | None = None
 ) -> tuple[EndpointKey, str]:
     """A key for ``endpoint``; the plain key is returned once and only its hash is kept."""
-    import secrets
-
     name = name.strip()
     if not name:
         raise ValidationError(_("A key needs a name."))
     if rate_per_s is not None and rate_per_s <= 0:
         raise ValidationError(_("A rate limit is a positive number of requests per second."))
-    plain = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = EndpointKey.objects.create(
-        endpoint=endpoint,
-        name=name,
-        prefix=plain[:10],
-        key_hash=hash_token(plain),
-        rate_per_s=rate_per_s,
-        created_by=actor,
+    key, plain = EndpointKey.issue(
+        endpoint=endpoint, name=name, rate_per_s=rate_per_s, created_by=actor
     )
     audit_record(
         action="endpoint.key_create",
