@@ -27,13 +27,16 @@ window; latency runs from sending a request to reading its whole answer. The cli
 threads with raw keep-alive sockets and prepared request bytes: cheap per request, so that
 they take little of the CPU the host needs.
 
-max_wait_ms 2: with as many clients as a batch holds, the answers of one batch bring their
-clients' next requests back together, over the time the host takes to answer and parse them.
-A short wait lets a batch take those already queued and go: a batch cut short computes while
-the rest arrive, so the predictor never idles (two batches of about 16 alternate). A wait
-longer than that spread (≥ 5 ms here) fills batches of 32, but the predictor idles while each
-batch's clients come back. The benchmark prints the mean batch size and the CPU share of the
-host, predictor and clients in each window.
+max_wait_ms 2: with as many clients as a batch holds (a closed loop), the answers of one batch
+bring its clients' next requests back over the time the host takes to answer and parse them
+(about 0.5 ms of the host's CPU a request here). A short wait sends what is queued when the
+predictor frees up: two batches of about 16 alternate, one computing while the other's clients
+come back, and the predictor never idles; its ceiling is the bare predictor's samples/s at
+batch 16 (0.85–0.9 of batch 32's on a 2-core CPU). A wait as long as that spread (5 ms here)
+can settle into batches of 32, but then the predictor idles about a quarter of the time while
+each batch's clients come back, which costs more. Each window's line shows the mean batch and
+the CPU share of the host, its predictor process and the clients; ``--clients 64`` shows the
+endpoint with full batches and a busy predictor.
 
 Aims: endpoint / bare ≥ 0.8, endpoint / unbatched ≥ 1.5. Ends with one JSON line:
 bare_samples_per_s, endpoint_samples_per_s, unbatched_samples_per_s, ratio_vs_bare,
@@ -181,10 +184,16 @@ class Bare:
         return line.strip()
 
     def measure(self, size: int, seconds: float) -> dict:
+        """Samples/s at ``size``, and the shares of the window the bare process waited for a
+        CPU and other processes ran (the call's warm-up included)."""
         assert self.proc.stdin is not None
+        before, started = usage({"bare": self.proc.pid}), time.perf_counter()
         self.proc.stdin.write(f"{size} {seconds}\n")
         self.proc.stdin.flush()
-        return json.loads(self._line())
+        result = json.loads(self._line())
+        elapsed = time.perf_counter() - started
+        after = usage({"bare": self.proc.pid})
+        return {**result, "shares": shares(before, after, elapsed)}
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -338,6 +347,44 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_delay(pid: int) -> float:
+    """Seconds the threads of a process were runnable but waited for a CPU (Linux)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
+def usage(processes: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process, the machine's busy and stolen CPU seconds,
+    and the first process's waits for a CPU (Linux; zeros elsewhere)."""
+    out = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    try:
+        cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+    except (OSError, ValueError):
+        cpu = [0] * 8
+    user, nice, system, _idle, _iowait, irq, softirq, steal = cpu
+    tick = os.sysconf("SC_CLK_TCK")
+    out["busy"] = (user + nice + system + irq + softirq) / tick
+    out["stolen"] = steal / tick
+    name, pid = next(iter(processes.items()))
+    out[f"{name} waited"] = run_delay(pid)
+    return out
+
+
+def shares(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    """Each counter's growth as a share of ``seconds`` (of one CPU); "other work" is the
+    machine's busy CPU less the named processes'."""
+    out = {k: (after[k] - before[k]) / seconds for k in before}
+    busy = out.pop("busy")
+    named = sum(v for k, v in out.items() if k != "stolen" and not k.endswith(" waited"))
+    out["other work"] = max(0.0, busy - named)
+    return out
+
+
 def predictor_pid(host: Host) -> int | None:
     """The host's predictor process (one revision loaded): a spawned child, not
     multiprocessing's resource tracker."""
@@ -376,14 +423,13 @@ class Endpoint:
         assert answer["outputs"][0]["label"] in LABELS, answer
 
     def probe(self) -> dict[str, float]:
-        """Counters whose differences over a window the load test reports."""
+        """Counters whose growth over a window the load test reports."""
         rev = self.host.manage("GET", "/manage/state")["revisions"][self.key]
-        out = {"batches": rev["batches"], "batched_inputs": rev["batched_inputs"]}
-        out["cpu host"] = cpu_seconds(self.host.proc.pid)
+        processes = {"host": self.host.proc.pid, "clients": os.getpid()}
         if self.predictor:
-            out["cpu predictor"] = cpu_seconds(self.predictor)
-        out["cpu clients"] = cpu_seconds(os.getpid())
-        return out
+            processes = {"predictor": self.predictor, **processes}
+        out = usage(processes)
+        return {**out, "batches": rev["batches"], "batched_inputs": rev["batched_inputs"]}
 
     def remove(self) -> None:
         self.host.manage("DELETE", f"/manage/endpoints/{ENDPOINT}")
@@ -440,12 +486,13 @@ def load_test(
     if failures:
         sys.exit(f"{len(failures)} client(s) failed, the first: {failures[0]}")
     ms = [x for mine in latencies for x in mine]
-    counted = {k: after[k] - before[k] for k in before}
+    batches = after.pop("batches") - before.pop("batches")
+    inputs = after.pop("batched_inputs") - before.pop("batched_inputs")
     return {
         "samples_per_s": len(ms) / seconds,
         "latencies_ms": ms,
-        "mean_batch": counted.pop("batched_inputs") / max(1, counted.pop("batches")),
-        "cpu": {k.removeprefix("cpu "): v / seconds for k, v in counted.items()},
+        "mean_batch": inputs / max(1, batches),
+        "shares": shares(before, after, seconds),
     }
 
 
@@ -456,12 +503,22 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cpu_line(result: dict) -> str:
+    """The CPU shares of a window, e.g. "CPU: predictor 97% (waited 2%), host 25%…"."""
+    parts = []
+    for name, share in result["shares"].items():
+        if name.endswith(" waited"):
+            parts[0] += f" (waited {share:.0%})"
+        else:
+            parts.append(f"{name} {share:.0%}")
+    return "CPU: " + ", ".join(parts)
+
+
 def describe(result: dict) -> str:
     ms = result["latencies_ms"]
-    cpu = ", ".join(f"{name} {share:.0%}" for name, share in result["cpu"].items())
     return (
         f"{result['samples_per_s']:.0f} samples/s, p50 {quantile(ms, 0.5):.1f} ms, p99 "
-        f"{quantile(ms, 0.99):.1f} ms, mean batch {result['mean_batch']:.1f}; CPU {cpu}"
+        f"{quantile(ms, 0.99):.1f} ms, mean batch {result['mean_batch']:.1f}; {cpu_line(result)}"
     )
 
 
@@ -525,7 +582,8 @@ def main() -> None:
             )
             bare_rates, rounds = [], []
             for i in range(args.rounds):
-                bare_rates.append(bare.measure(best, args.bare_seconds)["samples_per_s"])
+                window = bare.measure(best, args.bare_seconds)
+                bare_rates.append(window["samples_per_s"])
                 warmup = args.warmup if i == 0 else 1.0
                 rounds.append(
                     load_test(
@@ -533,9 +591,9 @@ def main() -> None:
                     )
                 )
                 print(
-                    f"  round {i + 1}: bare {bare_rates[-1]:.0f} samples/s; endpoint "
-                    f"{describe(rounds[-1])}; ratio "
-                    f"{rounds[-1]['samples_per_s'] / bare_rates[-1]:.3f}",
+                    f"  round {i + 1}: ratio {rounds[-1]['samples_per_s'] / bare_rates[-1]:.3f}\n"
+                    f"    bare     {bare_rates[-1]:.0f} samples/s; {cpu_line(window)}\n"
+                    f"    endpoint {describe(rounds[-1])}",
                     flush=True,
                 )
             batched.remove()

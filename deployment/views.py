@@ -24,6 +24,12 @@ def _endpoint_page(request: HttpRequest, endpoint) -> HttpResponse:
     return redirect("deployment:endpoint", team=request.team.slug, endpoint_id=endpoint.pk)
 
 
+def _form_refused(request: HttpRequest, endpoint, form) -> HttpResponse:
+    """A form of the endpoint page that did not validate: its errors as a message."""
+    messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+    return _endpoint_page(request, endpoint)
+
+
 @team_view()
 def endpoints(request: HttpRequest) -> HttpResponse:
     rows = []
@@ -102,8 +108,7 @@ def endpoint_canary(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
     form = CanaryForm(request.POST, endpoint=endpoint)
     if not form.is_valid():
-        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
-        return _endpoint_page(request, endpoint)
+        return _form_refused(request, endpoint, form)
     return _action(
         request,
         endpoint,
@@ -171,8 +176,7 @@ def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
     form = KeyForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
-        return _endpoint_page(request, endpoint)
+        return _form_refused(request, endpoint, form)
     try:
         _key, plain = services.endpoint_key_create(
             actor=request.user, endpoint=endpoint, **form.cleaned_data
