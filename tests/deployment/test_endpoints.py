@@ -178,16 +178,15 @@ def test_the_worker_converges_after_a_change(
     celery_worker_process, fresh_host, owner, team, model_version
 ):
     """No manual reconcile: the deploy queues the reconciler on the suite's real worker."""
+    from deployment.tasks import reconcile_endpoints
+
     endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
     deadline = time.monotonic() + 90
     while not Placement.objects.filter(revision__endpoint=endpoint, state="ready").exists():
         assert time.monotonic() < deadline, list(Placement.objects.values("state", "error"))
-        time.sleep(0.5)
-        if not Placement.objects.filter(revision__endpoint=endpoint).exists():
-            continue
-        # The first reconcile only started the load; beat would come back in 10 s.
-        from deployment.tasks import reconcile_endpoints
-
+        time.sleep(2)
+        # The first pass started the load; beat comes back every 10 s, this test sooner.
         reconcile_endpoints.delay()
+    time.sleep(1)  # the last pass ends before the next test (whose database it cannot see)
     status, body = services.endpoint_predict(endpoint=endpoint, inputs=["很好"])
     assert status == 200 and body["outputs"][0]["label"] in ("正面", "负面")
