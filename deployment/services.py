@@ -452,11 +452,7 @@ def host_reconcile(host: ServingHost) -> None:
         .select_related("model_version", "endpoint")
         .order_by("pk")
     )
-    failed_recently = set(
-        Placement.objects.filter(
-            host=host, state=Placement.State.FAILED, updated_at__gt=now - RETRY_FAILED_AFTER
-        ).values_list("revision_id", flat=True)
-    )
+    placements = {p.revision_id: p for p in Placement.objects.filter(host=host)}
     for rev in wanted:
         have = loaded.get(rev.key)
         try:
@@ -464,12 +460,18 @@ def host_reconcile(host: ServingHost) -> None:
         except (OSError, ValueError) as exc:
             _placement(rev, host, None, error=_("The export cannot be read: %(e)s") % {"e": exc})
             continue
-        stale = have is None or have["config"] != config
-        retry = have is not None and have["state"] == "failed" and rev.pk not in failed_recently
-        if stale or retry:
+        if have is None or have["config"] != config:
             loaded[rev.key] = have = client.load(rev.key, config)
-        if have["state"] == "failed" and rev.pk in failed_recently:
-            continue  # keep the time of the failure: it is retried a minute after it
+        elif have["state"] == Placement.State.FAILED:
+            # A failure is recorded with its time and the reason, and loaded again a minute
+            # later (a file that was still being copied, a device that was busy).
+            placed = placements.get(rev.pk)
+            if placed is None or placed.state != Placement.State.FAILED:
+                _placement(rev, host, have)
+                continue
+            if now - placed.updated_at < RETRY_FAILED_AFTER:
+                continue
+            loaded[rev.key] = have = client.load(rev.key, config)
         _placement(rev, host, have)
 
     wanted_keys = {rev.key for rev in wanted}

@@ -190,3 +190,28 @@ def test_the_worker_converges_after_a_change(
     time.sleep(1)  # the last pass ends before the next test (whose database it cannot see)
     status, body = services.endpoint_predict(endpoint=endpoint, inputs=["很好"])
     assert status == 200 and body["outputs"][0]["label"] in ("正面", "负面")
+
+
+def test_a_model_that_fails_to_load_shows_why(db, fresh_host, owner, team, model_version):
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    version = model_version()
+    # The stored export is damaged after it was registered.
+    name = version.storage_prefix + "export/vocab.txt"
+    default_storage.delete(name)
+    default_storage.save(name, ContentFile(b"[PAD]\n"))
+    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=version)
+    deadline = time.monotonic() + 60
+    while not Placement.objects.filter(state="failed").exists():
+        assert time.monotonic() < deadline, list(Placement.objects.values("state", "error"))
+        services.endpoints_reconcile()
+        time.sleep(0.3)
+    placement = Placement.objects.get()
+    assert "vocab.txt does not match its sha256" in placement.error
+    failed_at = placement.updated_at
+    # Not loaded again at every pass: the failure and its time stay until the retry is due.
+    services.endpoints_reconcile()
+    assert Placement.objects.get().updated_at == failed_at
+    revisions = list(selectors.endpoint_revisions(endpoint))
+    assert selectors.endpoint_state(endpoint, revisions) == "failed"
