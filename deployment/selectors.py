@@ -5,6 +5,7 @@ from datetime import timedelta
 from django.db.models import Prefetch, QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from console.models import Team
 from deployment.models import (
@@ -55,6 +56,15 @@ def endpoint_keys(endpoint: Endpoint) -> QuerySet[EndpointKey]:
 
 def endpoint_key_get(endpoint: Endpoint, key_id: int) -> EndpointKey:
     return get_object_or_404(endpoint.keys.all(), pk=key_id)
+
+
+# An endpoint's state, as endpoint_state() names it, and how the console says it.
+ENDPOINT_STATES = {
+    "ready": _("ready"),
+    "loading": _("loading"),
+    "failed": _("failed"),
+    "unplaced": _("waiting for a serving host"),
+}
 
 
 def endpoint_state(endpoint: Endpoint, revisions) -> str:

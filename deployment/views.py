@@ -35,7 +35,8 @@ def endpoints(request: HttpRequest) -> HttpResponse:
     rows = []
     for endpoint in selectors.team_endpoints(request.team):
         revisions = list(selectors.endpoint_revisions(endpoint))
-        rows.append((endpoint, selectors.endpoint_state(endpoint, revisions), revisions))
+        state = selectors.endpoint_state(endpoint, revisions)
+        rows.append((endpoint, state, selectors.ENDPOINT_STATES[state]))
     return render(
         request,
         "deployment/endpoints.html",
@@ -77,7 +78,8 @@ def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
         "deployment/endpoint.html",
         {
             "endpoint": endpoint,
-            "state": selectors.endpoint_state(endpoint, revisions),
+            "state": (state := selectors.endpoint_state(endpoint, revisions)),
+            "state_label": selectors.ENDPOINT_STATES[state],
             "revisions": revisions,
             "active": active,
             "url": f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{endpoint.name}:predict",

@@ -35,8 +35,8 @@ def test_deploy_try_it_and_see_the_calls_on_the_charts(
     # Beat's reconciler, as it runs every 10 s, until the host says the revision is ready.
     state = page.get_by_test_id("endpoint-state")
     deadline = time.monotonic() + 90
-    while state.text_content() != "ready":
-        assert time.monotonic() < deadline, state.text_content()
+    while state.get_attribute("data-state") != "ready":
+        assert time.monotonic() < deadline, state.get_attribute("data-state")
         services.endpoints_reconcile()
         time.sleep(0.5)
         page.reload()
