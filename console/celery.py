@@ -35,5 +35,9 @@ app.conf.beat_schedule = {
     # request counters become the endpoints' charts.
     "deployment-reconcile": {"task": "deployment.tasks.reconcile_endpoints", "schedule": 10.0},
     "deployment-metrics": {"task": "deployment.tasks.collect_endpoint_metrics", "schedule": 15.0},
+    "deployment-metrics-prune": {
+        "task": "deployment.tasks.prune_endpoint_metrics",
+        "schedule": 3600.0,
+    },
 }
 app.autodiscover_tasks()

@@ -234,6 +234,8 @@ SERVING_HOSTS = [
 SERVING_SECRET = os.environ.get("SERVING_SECRET", "")
 # Where applications call endpoints (a load balancer in front of several hosts).
 SERVING_PUBLIC_URL = (os.environ.get("SERVING_PUBLIC_URL") or SERVING_HOSTS[0]).rstrip("/")
+# Endpoints' request metrics are kept this many days.
+SERVING_METRICS_RETENTION_DAYS = int(os.environ.get("SERVING_METRICS_RETENTION_DAYS", "30"))
 # Local copies of exports for hosts on this machine when storage is not a filesystem (S3).
 SERVING_CACHE_DIR = Path(os.environ.get("SERVING_CACHE_DIR") or DATA_DIR / "serving")
 

@@ -533,6 +533,13 @@ def metrics_collect(max_age_s: float = 0.0) -> int:
     return written
 
 
+def metrics_prune() -> int:
+    """Delete the samples older than ``SERVING_METRICS_RETENTION_DAYS``; how many."""
+    cutoff = timezone.now() - timedelta(days=settings.SERVING_METRICS_RETENTION_DAYS)
+    deleted, _per_model = MetricSample.objects.filter(at__lt=cutoff).delete()
+    return deleted
+
+
 @transaction.atomic
 def _metrics_store(host: ServingHost, data: dict) -> int:
     host = ServingHost.objects.select_for_update().get(pk=host.pk)

@@ -16,6 +16,11 @@ def collect_endpoint_metrics() -> int:
     return services.metrics_collect()
 
 
+@shared_task(ignore_result=True)
+def prune_endpoint_metrics() -> int:
+    return services.metrics_prune()
+
+
 @shared_task(
     ignore_result=True,
     autoretry_for=(HostError,),

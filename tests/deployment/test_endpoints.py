@@ -142,6 +142,16 @@ def test_metrics_are_scraped_into_the_endpoints_charts(db, fresh_host, owner, te
     # A second scrape with no new requests adds nothing; counters are not counted twice.
     services.metrics_collect()
     assert selectors.endpoint_metrics(endpoint, minutes=10)["total"] == total
+    # Samples older than the retention are pruned, the others kept.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    kept = MetricSample.objects.count()
+    old = MetricSample.objects.first()
+    MetricSample.objects.filter(pk=old.pk).update(at=timezone.now() - timedelta(days=31))
+    assert services.metrics_prune() == 1
+    assert MetricSample.objects.count() == kept - 1
     assert MetricSample.objects.filter(endpoint=endpoint).count() >= 1
 
 
