@@ -74,4 +74,4 @@ messages: install
 	$(PY) manage.py makemessages --locale zh_Hans --no-obsolete --ignore '.venv/*' --ignore '.venv-runtime/*' --ignore '.venv-labelstudio/*' --ignore 'var/*' --ignore 'tests/*'
 
 bench: install-test
-	@set -e; for f in benchmarks/*.py; do [ -e "$$f" ] || continue; echo "== $$f"; $(PY) "$$f"; done
+	@set -e; for f in benchmarks/[!_]*.py; do [ -e "$$f" ] || continue; echo "== $$f"; $(PY) "$$f"; done

@@ -50,7 +50,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import secrets
 import socket
 import statistics
@@ -64,15 +63,11 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from _reviews import LABELS, review_rows
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PRESET = "ernie-micro-char"
-LABELS = ["正面", "负面"]
-POS, NEG = ["很好", "满意", "喜欢", "推荐", "不错"], ["很差", "失望", "讨厌", "退货", "糟糕"]
-CHARS = (
-    "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说"
-    "产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使"
-)
 ENDPOINT = "bench"
 
 # The bare predictor, in the runtime venv: argv = export dir, a JSON file of texts. Prints
@@ -100,15 +95,7 @@ for line in sys.stdin:
 def make_rows(n: int, seed: int = 0) -> list[dict]:
     """Reviews of 20–60 characters whose label one keyword decides (learnable in a few
     epochs)."""
-    rng = random.Random(seed)  # noqa: S311 - reproducible test data
-    rows = []
-    for i in range(n):
-        positive = i % 2 == 0
-        filler = "".join(rng.choices(CHARS, k=rng.randint(18, 58)))
-        cut = rng.randint(0, len(filler))
-        word = rng.choice(POS if positive else NEG)
-        rows.append({"text": filler[:cut] + word + filler[cut:], "label": LABELS[not positive]})
-    return rows
+    return review_rows(n, seed, filler=(18, 58))
 
 
 def runtime_python() -> str:

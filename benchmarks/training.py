@@ -19,7 +19,6 @@ import argparse
 import io
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from _reviews import LABELS, review_rows
+
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = "ernie-micro-char"  # ~0.15 s a step of 16 on a 2-core CPU: ≥ 15 s of steps
-LABELS = ["正面", "负面"]
-POS, NEG = ["很好", "满意", "喜欢", "推荐", "不错"], ["很差", "失望", "讨厌", "退货", "糟糕"]
-CHARS = (
-    "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说"
-    "产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使"
-)
 WORKER_QUEUE = "train.cpu"
 
 # The bare loop, in the runtime venv (Paddle is only there): argv = root, train.jsonl, config.
@@ -95,15 +90,7 @@ print(json.dumps({"rows": len(items), "vocab": len(tokenizer.vocab), "build_s": 
 
 def make_rows(n: int, seed: int = 0) -> list[dict]:
     """Reviews of 20–70 characters whose label one keyword decides (learnable in an epoch)."""
-    rng = random.Random(seed)  # noqa: S311 - reproducible test data
-    rows = []
-    for i in range(n):
-        positive = i % 2 == 0
-        filler = "".join(rng.choices(CHARS, k=rng.randint(18, 68)))
-        cut = rng.randint(0, len(filler))
-        word = rng.choice(POS if positive else NEG)
-        rows.append({"text": filler[:cut] + word + filler[cut:], "label": LABELS[not positive]})
-    return rows
+    return review_rows(n, seed, filler=(18, 68))
 
 
 def batch_size_at(step: int, rows: int, batch_size: int, per_epoch: int) -> int:
