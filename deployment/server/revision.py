@@ -83,7 +83,11 @@ class Revision:
                 *(loop.run_in_executor(self.pool, r.wait_ready) for r in self.replicas)
             )
         except Exception as exc:
-            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            if self.state != "unloading":
+                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            await self._stop_replicas()
+            return
+        if self.state == "unloading":  # unloaded while it warmed up
             await self._stop_replicas()
             return
         self.loops = [asyncio.create_task(self._serve(i)) for i in range(len(self.replicas))]
@@ -151,11 +155,14 @@ class Revision:
 
     async def _restart(self, index: int) -> None:
         """A predictor process died: start another; the others go on serving meanwhile."""
+        if self.state != "ready":
+            return  # being unloaded: its processes are stopping
         loop = asyncio.get_running_loop()
         replica = self._replica()
         try:
             await loop.run_in_executor(self.pool, replica.wait_ready)
         except RuntimeError as exc:
+            replica.stop()
             self.state, self.error = (
                 "failed",
                 f"a predictor process died and did not restart: {exc}",

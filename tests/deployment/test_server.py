@@ -186,6 +186,31 @@ def test_traffic_goes_only_to_ready_revisions_by_weight(fresh_host, exports):
     assert seen == {"rev-b"}
 
 
+def test_a_predictor_process_that_dies_is_replaced(fresh_host, exports):
+    import os
+    import signal
+
+    import psutil
+
+    load(fresh_host, "rev-a", exports("text_classification"))
+    route(fresh_host, "reviews", {"rev-a": 100})
+    assert fresh_host.predict("reviews", {"inputs": ["好"]}, KEY).status_code == 200
+    [predictor] = [
+        p
+        for p in psutil.Process(fresh_host.proc.pid).children()
+        if "spawn_main" in " ".join(p.cmdline())
+    ]
+    os.kill(predictor.pid, signal.SIGKILL)
+    # The call that finds the process dead fails (503, with the reason); the next ones wait
+    # for the new process and are answered.
+    first = fresh_host.predict("reviews", {"inputs": ["好"]}, KEY)
+    assert first.status_code in (200, 503), first.text
+    if first.status_code == 503:
+        assert "died" in first.json()["error"]["message"]
+    assert fresh_host.predict("reviews", {"inputs": ["很好"]}, KEY).status_code == 200
+    assert fresh_host.state()["revisions"]["rev-a"]["state"] == "ready"
+
+
 def test_a_model_that_fails_to_load_says_why(fresh_host, exports, tmp_path):
     import shutil
 
