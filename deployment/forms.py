@@ -27,6 +27,9 @@ class DeployForm(KnobsForm):
         help_text=_("Lower-case letters, digits and hyphens; empty: from the model's name."),
     )
     description = forms.CharField(max_length=200, required=False, label=_("Description"))
+    max_inputs = forms.IntegerField(
+        min_value=1, max_value=256, initial=64, label=_("Inputs per request")
+    )
     field_order = ["model_version", "name", "description"]
 
     def __init__(self, *args, team, **kwargs) -> None:

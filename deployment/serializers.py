@@ -85,6 +85,7 @@ class DeploySerializer(KnobsSerializer):
     description = serializers.CharField(
         max_length=200, required=False, allow_blank=True, default=""
     )
+    max_inputs = serializers.IntegerField(default=64, help_text="inputs per request, 1 to 256")
 
 
 class CanarySerializer(KnobsSerializer):

@@ -120,15 +120,19 @@ def endpoint_deploy(
     replicas: int = 1,
     max_batch_size: int = 32,
     max_wait_ms: float = 5.0,
+    max_inputs: int = 64,
 ) -> Endpoint:
     """A new endpoint serving ``model_version`` with all of its traffic."""
     _check_version(team, model_version)
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms)
+    if not 1 <= max_inputs <= 256:
+        raise ValidationError(_("Inputs per request must be between 1 and 256."))
     endpoint = Endpoint.objects.create(
         team=team,
         name=_endpoint_name(team, name.strip(), model_version),
         description=description,
         task_kind=model_version.task_kind,
+        max_inputs=max_inputs,
         created_by=actor,
     )
     revision = _new_revision(

@@ -24,7 +24,9 @@ def api(client, owner):
 def test_deploy_and_roll_out_through_the_api(db, api, fresh_host, team, model_version):
     v1, v2 = model_version(seed=0), model_version(seed=1)
     base = f"/api/v1/teams/{team.slug}/endpoints/"
-    r = api.post(base, {"model_version": v1.pk, "name": "shop-reviews"}, "application/json")
+    r = api.post(
+        base, {"model_version": v1.pk, "name": "shop-reviews", "max_inputs": 2}, "application/json"
+    )
     assert r.status_code == 201, r.content
     detail = r.json()
     assert detail["url"].endswith("/v1/endpoints/shop-reviews:predict")
@@ -46,6 +48,8 @@ def test_deploy_and_roll_out_through_the_api(db, api, fresh_host, team, model_ve
     # The console's try-it goes through the platform and is counted like any call.
     r = api.post(base + f"{endpoint.pk}/predict/", {"inputs": ["很好", "很差"]}, "application/json")
     assert r.status_code == 200 and len(r.json()["outputs"]) == 2
+    r = api.post(base + f"{endpoint.pk}/predict/", {"inputs": ["好"] * 3}, "application/json")
+    assert r.status_code == 413 and "at most 2" in r.json()["error"]["message"]
     r = api.post(base + f"{endpoint.pk}/predict/", {"inputs": [""]}, "application/json")
     assert r.status_code == 422 and "inputs[0] is empty" in r.json()["error"]["message"]
     metrics = api.get(base + f"{endpoint.pk}/metrics/?minutes=5").json()
@@ -88,6 +92,7 @@ def test_console_pages(db, client, owner, team, model_version, fresh_host):
             "replicas": 1,
             "max_batch_size": 16,
             "max_wait_ms": 3,
+            "max_inputs": 64,
         },
     )
     endpoint = Endpoint.objects.get()
