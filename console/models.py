@@ -73,6 +73,14 @@ class HashedKey(models.Model):
     def is_active(self) -> bool:
         return self.revoked_at is None
 
+    def revoke(self) -> bool:
+        """Revoke the key; False when it already was."""
+        if self.revoked_at is not None:
+            return False
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])
+        return True
+
     @classmethod
     def issue(cls, **fields) -> tuple["HashedKey", str]:
         """A new key: the saved object and the key itself (never retrievable again)."""

@@ -8,7 +8,6 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Model
-from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
@@ -151,9 +150,7 @@ def api_token_create(*, actor: AbstractBaseUser, name: str) -> tuple[ApiToken, s
 
 @transaction.atomic
 def api_token_revoke(*, actor: AbstractBaseUser, token: ApiToken) -> ApiToken:
-    if token.revoked_at is None:
-        token.revoked_at = timezone.now()
-        token.save(update_fields=["revoked_at"])
+    if token.revoke():
         audit_record(action="token.revoke", actor=actor, target=token)
     return token
 

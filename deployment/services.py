@@ -359,9 +359,7 @@ def endpoint_key_create(
 
 @transaction.atomic
 def endpoint_key_revoke(*, actor: AbstractBaseUser, key: EndpointKey) -> EndpointKey:
-    if key.revoked_at is None:
-        key.revoked_at = timezone.now()
-        key.save(update_fields=["revoked_at"])
+    if key.revoke():
         audit_record(
             action="endpoint.key_revoke",
             actor=actor,
