@@ -38,6 +38,7 @@ from labeling import selectors as labeling_selectors
 from labeling.models import LabelingProject
 from labeling.services import labeling_project_preannotate
 from training import storage
+from training.data import OBJECTIVES
 from training.models import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,11 @@ def _check_version(team: Team, version: ModelVersion, task_kind: str | None = No
         raise ValidationError(_("That model version belongs to another team."))
     if not any(path.startswith(EXPORT) for path in version.files):
         raise ValidationError(_("%(m)s has no exported model to serve.") % {"m": version})
+    if version.task_kind in OBJECTIVES:
+        # Generative models need the serving host's generative runtime (issue #7, next).
+        raise ValidationError(
+            _("%(m)s is a large model: serving it is not supported yet.") % {"m": version}
+        )
     if task_kind and version.task_kind != task_kind:
         raise ValidationError(
             _("%(m)s is a %(kind)s model; this endpoint serves %(served)s.")

@@ -1,7 +1,8 @@
 """From several annotators' answers to one: conflict rules for export, and agreement.
 
-An answer is the dataset's value of an annotation: ``{"label": x}``, ``{"labels": [...]}`` or
-``{"entities": [{"start", "end", "label"}]}``.
+An answer is the dataset's value of an annotation: ``{"label": x}``, ``{"labels": [...]}``,
+``{"entities": [{"start", "end", "label"}]}``, or a generative kind's ``{"messages": [...]}``
+(a written response) and ``{"chosen", "rejected"}`` (a judged pair).
 """
 
 from collections import Counter
@@ -15,6 +16,10 @@ def _key(value: dict):
         return tuple(sorted((e["start"], e["end"], e["label"]) for e in value["entities"]))
     if "labels" in value:
         return tuple(sorted(value["labels"]))
+    if "messages" in value:
+        return value["messages"][-1]["content"]
+    if "chosen" in value:
+        return value["chosen"]
     return value.get("label")
 
 
@@ -29,8 +34,13 @@ def _majority(values: Sequence[dict]) -> dict | None:
         if "entities" in first:
             return {"entities": [{"start": s, "end": e, "label": lab} for s, e, lab in kept]}
         return {"labels": kept}
-    label, count = Counter(_key(v) for v in values).most_common(1)[0]
-    return {"label": label} if count * 2 > n else None
+    key, count = Counter(_key(v) for v in values).most_common(1)[0]
+    if count * 2 > n:
+        return next(v for v in values if _key(v) == key)
+    if "messages" in first:
+        # Written responses rarely agree to the letter: the latest one stands.
+        return values[-1]
+    return None
 
 
 def resolve(answers: Sequence[tuple[str, dict]], rule: str, reviewer: str = "") -> dict | None:
@@ -78,7 +88,9 @@ def agreement(answers: dict[int, list[tuple[str, dict]]], kind: str) -> dict:
     kinds, F1 over labels or spans otherwise), per label, and the rows most disputed."""
     from itertools import combinations
 
-    single = kind in ("text_classification", "text_pair")
+    if kind == "instruction":  # free text: no agreement figure
+        return {"pairs": [], "labels": {}, "disputed": []}
+    single = kind in ("text_classification", "text_pair", "preference")
     annotators = sorted({who for rows in answers.values() for who, _v in rows})
     pairs = []
     for a, b in combinations(annotators, 2):
@@ -97,7 +109,9 @@ def agreement(answers: dict[int, list[tuple[str, dict]]], kind: str) -> dict:
             score = sum(scores) / len(scores) if scores else None
         pairs.append({"a": a, "b": b, "items": len(shared), "score": score})
     labels = sorted(
-        {
+        set()
+        if kind == "preference"  # the "labels" would be the responses themselves
+        else {
             lab
             for rows in answers.values()
             for _w, v in rows

@@ -199,6 +199,9 @@ def run_import(
     # Hot loop: look the per-row callables up once.
     build_row, dedup_key, row_labels = schema.build_row, schema.dedup_key, schema.row_labels
     separators = len(schema.text_fields) - 1
+    # Generative rows: no labels; whether a row has its answer, and a note on those without.
+    generative = schema.generative
+    is_labeled, note, text_length = schema.is_labeled, schema.note, schema.text_length
     seen_add, strata_append, digest_update = seen.add, strata.append, digest.update
     bisect_right = bisect.bisect_right
     allowed = options.labels
@@ -248,9 +251,18 @@ def run_import(
             labels = row_labels(row)
             for label in labels:
                 label_counts[label] = label_counts.get(label, 0) + 1
-            if not labels:
-                unlabeled += 1
-            length_hist[bisect_right(LENGTH_BINS, len(text_key) - separators) - 1] += 1
+            if generative:
+                length = text_length(row)
+                if not is_labeled(row):
+                    unlabeled += 1
+                    remark = note(row)
+                    reasons[remark.reason] += 1
+                    report.write(_report_line(row_number, remark, "kept", record))
+            else:
+                length = len(text_key) - separators
+                if not labels:
+                    unlabeled += 1
+            length_hist[bisect_right(LENGTH_BINS, length) - 1] += 1
             if is_ner:
                 stratum = ""
             elif len(labels) == 1:

@@ -124,7 +124,7 @@ def version_rows(
                     continue
                 if label and label not in schema.row_labels(row):
                     continue
-                if q and not any(q in row[t] for t in schema.text_fields):
+                if q and q not in schema.dedup_key(row):
                     continue
                 matched += 1
                 if matched <= start:

@@ -512,7 +512,7 @@ def labeling_project_create(
     if not name:
         raise ValidationError(_("A labeling project needs a name."))
     labels = _clean_labels(labels) or list(dataset.labels) or list(version.stats.get("labels", {}))
-    if not labels:
+    if not labels and not schema_for(dataset.task_kind).generative:
         raise ValidationError(_("Give the labels the annotators choose from."))
     if selection not in LabelingProject.Selection.values:
         raise ValidationError(_("Unknown row selection “%(s)s”.") % {"s": selection})
@@ -567,7 +567,7 @@ def _selected_rows(project: LabelingProject):
                 and row["split"] != project.split
             ):
                 continue
-            if project.selection == LabelingProject.Selection.UNLABELED and schema.row_labels(row):
+            if project.selection == LabelingProject.Selection.UNLABELED and schema.is_labeled(row):
                 continue
             yield number, row
 
@@ -831,8 +831,6 @@ def _labeling_input(job: ImportJob, workdir: Path) -> Path:
     project = LabelingProject.objects.select_related("source_version__dataset").get(
         pk=export["project"]
     )
-    kind = project.source_version.dataset.task_kind
-    label_field = schema_for(kind).label_field
     answers = selectors.labeling_project_answers(project)
     path = workdir / "labeled-input.jsonl"
     with (
@@ -845,7 +843,7 @@ def _labeling_input(job: ImportJob, workdir: Path) -> Path:
                 agreed = consensus.resolve(answers[number], export["rule"], export["reviewer"])
                 if agreed is None:
                     continue  # annotators disagree and the rule drops the row
-                row[label_field] = agreed[label_field]
+                row.update(agreed)  # the annotated fields only
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 

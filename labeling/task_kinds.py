@@ -5,6 +5,12 @@ A row is a dict with the kind's fields: ``text`` and ``label`` (text_classificat
 and ``labels`` (multi_label), ``text`` and ``entities`` (ner, character offsets, end exclusive),
 ``text_a``, ``text_b`` and ``label`` (text_pair). Labels may be missing: unlabeled rows go to
 labeling next.
+
+The generative kinds have no labels but answers: ``messages`` (instruction: the chat normal form,
+``[{"role": "system"|"user"|"assistant", "content"}]``, which Alpaca and ShareGPT records are
+converted to; a conversation that ends on the user's turn awaits its response) and ``prompt``,
+``chosen``, ``rejected`` (preference, for DPO; a pair not yet judged has ``response_a`` and
+``response_b`` instead).
 """
 
 import itertools
@@ -24,6 +30,12 @@ class TaskKind(models.TextChoices):
     MULTI_LABEL = "multi_label", _("Multi-label classification (多标签分类)")
     NER = "ner", _("Named entity recognition (命名实体识别)")
     TEXT_PAIR = "text_pair", _("Text matching (文本匹配)")
+    INSTRUCTION = "instruction", _("Instruction tuning (指令微调)")
+    PREFERENCE = "preference", _("Preference pairs (偏好数据)")
+
+
+# Kinds whose model generates text (a causal LM) rather than classifying.
+GENERATIVE = frozenset({TaskKind.INSTRUCTION, TaskKind.PREFERENCE})
 
 
 class RowError(ValueError):
@@ -55,9 +67,22 @@ class Schema:
     label_field: str | None
     text_fields: tuple[str, ...] = ("text",)
     _build: Callable = field(default=None, repr=False, compare=False)
+    # Generative kinds: the row's whole text (dedup, search), and whether it has its answer.
+    _text_of: Callable | None = field(default=None, repr=False, compare=False)
+    _answered: Callable | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def generative(self) -> bool:
+        return self.kind in GENERATIVE
 
     def field_names(self) -> list[str]:
         return [f.name for f in self.fields]
+
+    def row_fields(self) -> list[str]:
+        """The fields of a stored row (an instruction row keeps only its messages)."""
+        if self.kind == TaskKind.INSTRUCTION:
+            return ["messages"]
+        return self.field_names()
 
     def propose_mapping(self, columns: list[str]) -> dict[str, str]:
         """Field → column, from the header's names: an exact name or alias first (any case),
@@ -95,10 +120,44 @@ class Schema:
 
     def ls_data(self, row: dict) -> dict:
         """A row's fields as a Label Studio task's data."""
+        if self.kind == TaskKind.INSTRUCTION:
+            return {"dialogue": prompt_turns(row["messages"])}
+        if self.kind == TaskKind.PREFERENCE:
+            a, b = preference_pair(row)
+            return {"prompt": row["prompt"], "response_a": a, "response_b": b}
         return {f: row[f] for f in self.text_fields}
+
+    def is_labeled(self, row: dict) -> bool:
+        """Whether a row has its annotation (a label, or a generative kind's answer)."""
+        if self._answered is not None:
+            return self._answered(row)
+        return bool(self.row_labels(row))
 
     def ls_result(self, row: dict) -> list[dict]:
         """A row's existing labels as a Label Studio result (for predictions); [] if none."""
+        if self.kind == TaskKind.INSTRUCTION:
+            if not self.is_labeled(row):
+                return []
+            return [
+                {
+                    "from_name": "response",
+                    "to_name": "dialogue",
+                    "type": "textarea",
+                    "value": {"text": [row["messages"][-1]["content"]]},
+                }
+            ]
+        if self.kind == TaskKind.PREFERENCE:
+            if not self.is_labeled(row):
+                return []
+            # Label Studio shows chosen on the left (preference_pair).
+            return [
+                {
+                    "from_name": "preference",
+                    "to_name": "response_a",
+                    "type": "pairwise",
+                    "value": {"selected": "left"},
+                }
+            ]
         if self.kind == TaskKind.NER:
             return [
                 {
@@ -131,6 +190,10 @@ class Schema:
         """A Label Studio annotation's result, checked against the project's labels and the
         row's text, in the dataset's terms; RowError says what is wrong. Label Studio itself
         does not check results against the labeling config."""
+        if self.kind == TaskKind.INSTRUCTION:
+            return _parse_response(result, row)
+        if self.kind == TaskKind.PREFERENCE:
+            return _parse_preference(result, row)
         allowed = set(labels)
         if self.kind == TaskKind.NER:
             entities = []
@@ -190,12 +253,34 @@ class Schema:
         return "|".join(sorted(self.row_labels(row)))
 
     def dedup_key(self, row: dict) -> str:
+        """The row's text, which duplicates share; search looks in it too."""
+        if self._text_of is not None:
+            return self._text_of(row)
         if len(self.text_fields) == 1:
             return row[self.text_fields[0]]
         return "\x1f".join([row[f] for f in self.text_fields])
 
     def text_length(self, row: dict) -> int:
+        if self._text_of is not None:
+            return len(self._text_of(row))
         return sum(len(row[f]) for f in self.text_fields)
+
+    def note(self, row: dict) -> RowError | None:
+        """What the import report says of a row it keeps: a conversation awaiting its
+        response goes to labeling."""
+        if self.kind == TaskKind.INSTRUCTION and not self.is_labeled(row):
+            return RowError(
+                "no_assistant_turn",
+                "messages",
+                _("No assistant turn: kept without a response, for labeling."),
+            )
+        if self.kind == TaskKind.PREFERENCE and not self.is_labeled(row):
+            return RowError(
+                "not_judged",
+                "chosen",
+                _("No chosen and rejected response: kept as a pair to compare, for labeling."),
+            )
+        return None
 
 
 def _text(record: dict, name: str, norm: Normalizer) -> str:
@@ -326,6 +411,183 @@ def _build_ner(record, norm, labels):
     return {"text": text, "entities": moved}
 
 
+# -- Generative kinds -------------------------------------------------------------------------
+
+ROLES = ("system", "user", "assistant")
+# ShareGPT's and other corpora's names of the roles.
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
+
+
+def _json_value(value, column: str):
+    """A list or object that a CSV or XLSX cell carries as JSON text."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RowError("bad_json", column, _("Not valid JSON: %(e)s") % {"e": exc}) from exc
+    return value
+
+
+def _optional_text(record: dict, name: str, norm: Normalizer) -> str:
+    value = record.get(name)
+    if value is None:
+        return ""
+    return norm.text(value if isinstance(value, str) else str(value))
+
+
+def _messages_from_alpaca(record: dict, norm: Normalizer) -> list[dict]:
+    instruction = _optional_text(record, "instruction", norm)
+    if not instruction:
+        raise RowError(
+            "empty_turn", "instruction", _("The instruction is empty, so there is no user turn.")
+        )
+    extra = _optional_text(record, "input", norm)
+    messages = []
+    system = _optional_text(record, "system", norm)
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append(
+        {"role": "user", "content": f"{instruction}\n{extra}" if extra else instruction}
+    )
+    output = _optional_text(record, "output", norm)
+    if output:
+        messages.append({"role": "assistant", "content": output})
+    return messages
+
+
+def _build_instruction(record, norm, labels):
+    raw = _json_value(record.get("messages"), "messages")
+    if raw is None or raw == "" or raw == []:
+        return {"messages": _messages_from_alpaca(record, norm)}
+    if not isinstance(raw, list):
+        raise RowError("bad_messages", "messages", _("The messages must be a list of turns."))
+    messages = []
+    for i, turn in enumerate(raw, start=1):
+        if not isinstance(turn, dict):
+            raise RowError("bad_messages", "messages", _("Turn %(n)d is not an object.") % {"n": i})
+        role = turn.get("role", turn.get("from"))
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+        if role not in ROLES:
+            raise RowError(
+                "unknown_role",
+                "messages",
+                _("Turn %(n)d has the role “%(role)s”; it must be system, user or assistant.")
+                % {"n": i, "role": role},
+            )
+        content = turn.get("content", turn.get("value"))
+        content = norm.text(content) if isinstance(content, str) else ""
+        if not content:
+            raise RowError("empty_turn", "messages", _("Turn %(n)d is empty.") % {"n": i})
+        messages.append({"role": role, "content": content})
+    _check_order(messages)
+    return {"messages": messages}
+
+
+def _check_order(messages: list[dict]) -> None:
+    """An optional system turn, then user and assistant turns alternating from the user's."""
+    expected = "user"
+    for i, turn in enumerate(messages, start=1):
+        if turn["role"] == "system" and i == 1:
+            continue
+        if turn["role"] != expected:
+            raise RowError(
+                "roles_out_of_order",
+                "messages",
+                _("Turn %(n)d is from the %(role)s where the %(expected)s speaks.")
+                % {"n": i, "role": turn["role"], "expected": expected},
+            )
+        expected = "assistant" if expected == "user" else "user"
+    if not any(t["role"] == "user" for t in messages):
+        raise RowError("empty_turn", "messages", _("The conversation has no user turn."))
+
+
+def prompt_turns(messages: list[dict]) -> list[dict]:
+    """The turns before the final response (all of them when it is still to be written)."""
+    return messages[:-1] if messages and messages[-1]["role"] == "assistant" else messages
+
+
+def _instruction_text(row: dict) -> str:
+    return "\x1f".join(f"{t['role']}:{t['content']}" for t in row["messages"])
+
+
+def _build_preference(record, norm, labels):
+    prompt = _json_value(record.get("prompt"), "prompt")
+    if isinstance(prompt, list):  # a conversation: its last user turn is the prompt
+        users = [
+            t.get("content") for t in prompt if isinstance(t, dict) and t.get("role") == "user"
+        ]
+        prompt = users[-1] if users else ""
+    row = {"prompt": _text({"prompt": prompt}, "prompt", norm)}
+    chosen = _optional_text(record, "chosen", norm)
+    rejected = _optional_text(record, "rejected", norm)
+    if chosen or rejected:
+        if not (chosen and rejected):
+            column = "rejected" if chosen else "chosen"
+            raise RowError(
+                "empty_turn", column, _("A preference pair needs both chosen and rejected.")
+            )
+        if chosen == rejected:
+            raise RowError("same_responses", "rejected", _("Chosen and rejected are the same."))
+        return {**row, "chosen": chosen, "rejected": rejected}
+    a = _optional_text(record, "response_a", norm)
+    b = _optional_text(record, "response_b", norm)
+    if not (a and b):
+        raise RowError(
+            "empty_turn",
+            "chosen",
+            _("Give chosen and rejected, or two responses to compare (response_a, response_b)."),
+        )
+    if a == b:
+        raise RowError("same_responses", "response_b", _("The two responses are the same."))
+    return {**row, "response_a": a, "response_b": b}
+
+
+def preference_pair(row: dict) -> tuple[str, str]:
+    """The two responses as Label Studio shows them: chosen first when judged."""
+    if row.get("chosen"):
+        return row["chosen"], row["rejected"]
+    return row["response_a"], row["response_b"]
+
+
+def _preference_text(row: dict) -> str:
+    a, b = sorted(preference_pair(row))
+    return "\x1f".join((row["prompt"], a, b))
+
+
+def _parse_response(result: list[dict], row: dict) -> dict:
+    texts = [
+        t
+        for item in result
+        if item.get("type") == "textarea"
+        for t in (item.get("value") or {}).get("text", [])
+    ]
+    response = Normalizer().text("\n".join(t for t in texts if isinstance(t, str)))
+    if not response:
+        raise RowError("empty_turn", "messages", _("The response is empty."))
+    value = {
+        "messages": [*prompt_turns(row["messages"]), {"role": "assistant", "content": response}]
+    }
+    ratings = [
+        (item.get("value") or {}).get("rating") for item in result if item.get("type") == "rating"
+    ]
+    if ratings and isinstance(ratings[-1], int):
+        value["rating"] = ratings[-1]
+    return value
+
+
+def _parse_preference(result: list[dict], row: dict) -> dict:
+    selected = [
+        (item.get("value") or {}).get("selected")
+        for item in result
+        if item.get("type") == "pairwise"
+    ]
+    if len(selected) != 1 or selected[0] not in ("left", "right"):
+        raise RowError("bad_labels", "chosen", _("Choose the better of the two responses."))
+    a, b = preference_pair(row)
+    chosen, rejected = (a, b) if selected[0] == "left" else (b, a)
+    return {"chosen": chosen, "rejected": rejected}
+
+
 # -- Label Studio configs -------------------------------------------------------------------
 
 
@@ -390,11 +652,37 @@ def _config_ner(labels: list[str]) -> str:
     )
 
 
+def _config_instruction(labels: list[str]) -> str:
+    # The conversation so far, the response to write or correct, and a rating of it.
+    return (
+        '<View><Header value="请阅读对话，撰写或修改助手的回答，并为回答打分"/>'
+        '<Paragraphs name="dialogue" value="$dialogue" layout="dialogue" nameKey="role" '
+        'textKey="content"/>'
+        '<TextArea name="response" toName="dialogue" editable="true" maxSubmissions="1" '
+        'rows="6" required="true" placeholder="助手的回答"/>'
+        '<Rating name="rating" toName="dialogue" maxRating="5"/></View>'
+    )
+
+
+def _config_preference(labels: list[str]) -> str:
+    return (
+        '<View><Header value="请阅读问题，选择更好的回答"/><Text name="prompt" value="$prompt"/>'
+        '<Pairwise name="preference" toName="response_a,response_b"/>'
+        '<View style="display: flex; gap: 1em;">'
+        '<View style="flex: 1;"><Header value="回答 A" size="6"/>'
+        '<Text name="response_a" value="$response_a"/></View>'
+        '<View style="flex: 1;"><Header value="回答 B" size="6"/>'
+        '<Text name="response_b" value="$response_b"/></View></View></View>'
+    )
+
+
 _LABEL_CONFIGS = {
     TaskKind.TEXT_CLASSIFICATION: _config_classification,
     TaskKind.MULTI_LABEL: _config_multi_label,
     TaskKind.NER: _config_ner,
     TaskKind.TEXT_PAIR: _config_pair,
+    TaskKind.INSTRUCTION: _config_instruction,
+    TaskKind.PREFERENCE: _config_preference,
 }
 
 SCHEMAS: dict[str, Schema] = {
@@ -449,6 +737,37 @@ SCHEMAS: dict[str, Schema] = {
         label_field="label",
         text_fields=("text_a", "text_b"),
         _build=_build_pair,
+    ),
+    TaskKind.INSTRUCTION: Schema(
+        TaskKind.INSTRUCTION,
+        (
+            Field("messages", False, ("conversations", "对话", "dialogue", "chat")),
+            # The Alpaca format: instruction, optional input, output.
+            Field("instruction", False, ("指令", "prompt", "question", "问题", "query")),
+            Field("input", False, ("输入", "context", "上下文")),
+            Field("output", False, ("输出", "response", "answer", "回答", "答案")),
+            Field("system", False, ("系统", "system_prompt")),
+        ),
+        label_field=None,
+        text_fields=("messages",),
+        _build=_build_instruction,
+        _text_of=_instruction_text,
+        _answered=lambda row: row["messages"][-1]["role"] == "assistant",
+    ),
+    TaskKind.PREFERENCE: Schema(
+        TaskKind.PREFERENCE,
+        (
+            Field("prompt", True, ("instruction", "question", "问题", "指令", "query")),
+            Field("chosen", False, ("优选", "better", "good", "好的回答")),
+            Field("rejected", False, ("劣选", "worse", "bad", "差的回答")),
+            Field("response_a", False, ("回答A", "answer_a", "output_a")),
+            Field("response_b", False, ("回答B", "answer_b", "output_b")),
+        ),
+        label_field=None,
+        text_fields=("prompt",),
+        _build=_build_preference,
+        _text_of=_preference_text,
+        _answered=lambda row: bool(row.get("chosen")),
     ),
 }
 

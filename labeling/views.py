@@ -202,7 +202,7 @@ def version_rows(request: HttpRequest, dataset_id: int, number: int) -> HttpResp
             "query": query.urlencode(),
             "labels": list(v.stats.get("labels", {})),
             "splits": SPLITS,
-            "fields": schema_for(ds.task_kind).field_names(),
+            "fields": schema_for(ds.task_kind).row_fields(),
         },
     )
 

@@ -15,7 +15,7 @@ from console.permissions import TeamPermission
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from training import selectors, services
-from training.presets import PRESETS
+from training.presets import LLM_PRESETS, PRESETS
 from training.serializers import (
     BaseModelImportSerializer,
     BaseModelSerializer,
@@ -41,7 +41,10 @@ class TrainingAPIView(APIView):
 class PresetList(TrainingAPIView):
     @extend_schema(responses=PresetSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
-        return Response([{"name": n, "config": c} for n, c in PRESETS.items()])
+        return Response(
+            [{"name": n, "config": c, "generative": False} for n, c in PRESETS.items()]
+            + [{"name": n, "config": c, "generative": True} for n, c in LLM_PRESETS.items()]
+        )
 
 
 class BaseModelListCreate(TrainingAPIView):

@@ -30,6 +30,8 @@ HEADS = {
     "ner": TOKEN,
 }
 IGNORE = -100  # target of positions that carry no tag ([CLS], [SEP], padding)
+# The generative kinds train a causal LM (training.llm) with this objective, not a head.
+OBJECTIVES = {"instruction": "sft", "preference": "dpo"}
 
 
 def head_of(task_kind: str) -> str:
@@ -65,7 +67,12 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def is_labeled(task_kind: str, row: dict) -> bool:
     """Rows without an annotation do not train: NER rows count as labeled (no entity is an
-    answer), the others need a label."""
+    answer), the others need a label; a conversation needs the assistant's answer, and a
+    preference pair its chosen and rejected responses."""
+    if task_kind == "instruction":
+        return bool(row.get("messages")) and row["messages"][-1]["role"] == "assistant"
+    if task_kind == "preference":
+        return bool(row.get("chosen") and row.get("rejected"))
     if task_kind == "ner":
         return "entities" in row and row["entities"] is not None
     if task_kind == "multi_label":

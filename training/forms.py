@@ -3,9 +3,9 @@ from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
 from labeling.models import DatasetVersion
-from training.data import HEADS
+from training.data import HEADS, OBJECTIVES
 from training.models import Backend, TrainingJob
-from training.presets import PRESETS
+from training.presets import LLM_PRESETS, PRESETS
 
 METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
 
@@ -39,7 +39,42 @@ class JobForm(forms.Form):
     metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
     threshold = forms.FloatField(required=False, label=_("Multi-label threshold"))
     dropout = forms.FloatField(required=False, label=_("Dropout"))
+    # Large models (instruction and preference data).
+    method = forms.ChoiceField(
+        choices=[("", _("recommended")), ("lora", "LoRA"), ("full", _("full fine-tuning"))],
+        required=False,
+        label=_("Method"),
+    )
+    lora_rank = forms.IntegerField(min_value=1, required=False, label=_("LoRA rank"))
+    lora_alpha = forms.IntegerField(min_value=1, required=False, label=_("LoRA alpha"))
+    lora_dropout = forms.FloatField(required=False, label=_("LoRA dropout"))
+    lora_target_modules = forms.CharField(
+        required=False,
+        label=_("LoRA target modules"),
+        help_text=_("Comma-separated layer names; empty: the architecture's default."),
+    )
+    gradient_accumulation_steps = forms.IntegerField(
+        min_value=1, required=False, label=_("Gradient accumulation steps")
+    )
+    recompute = forms.BooleanField(required=False, label=_("Recompute activations"))
+    packing = forms.BooleanField(required=False, label=_("Pack conversations"))
+    dpo_beta = forms.FloatField(required=False, label=_("DPO beta"))
+    max_new_tokens = forms.IntegerField(
+        min_value=1, required=False, label=_("New tokens per evaluation generation")
+    )
 
+    LLM_HYPERPARAMETERS = (
+        "method",
+        "lora_rank",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_target_modules",
+        "gradient_accumulation_steps",
+        "recompute",
+        "packing",
+        "dpo_beta",
+        "max_new_tokens",
+    )
     HYPERPARAMETERS = (
         "epochs",
         "batch_size",
@@ -57,12 +92,16 @@ class JobForm(forms.Form):
     def __init__(self, *args, team, base_models, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["dataset_version"].queryset = (
-            DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind__in=list(HEADS))
+            DatasetVersion.objects.filter(
+                dataset__team=team, dataset__task_kind__in=[*HEADS, *OBJECTIVES]
+            )
             .select_related("dataset")
             .order_by("dataset__name", "-number")
         )
         self.fields["model"].choices = [
+            ("preset:", _("The task kind's default preset")),
             (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
+            (_("Presets of large models"), [(f"preset:{p}", p) for p in LLM_PRESETS]),
             (
                 _("Imported base models"),
                 [(f"base:{m.name}", f"{m.name} ({m.backend})") for m in base_models],
@@ -85,9 +124,21 @@ class JobForm(forms.Form):
     def hyperparameter_fields(self) -> list:
         return [self[name] for name in self.HYPERPARAMETERS]
 
+    def llm_fields(self) -> list:
+        return [self[name] for name in self.LLM_HYPERPARAMETERS]
+
     def job_fields(self) -> dict:
         data = self.cleaned_data
         kind, _sep, model = data["model"].partition(":")
+        hyperparameters = {
+            k: data[k] for k in self.HYPERPARAMETERS if data.get(k) not in (None, "")
+        }
+        for k in self.LLM_HYPERPARAMETERS:
+            value = data.get(k)
+            if k == "lora_target_modules":
+                value = [m.strip() for m in (value or "").split(",") if m.strip()] or None
+            if value not in (None, "", False):
+                hyperparameters[k] = value
         return {
             "dataset_version": data["dataset_version"],
             "backend": data["backend"],
@@ -97,9 +148,7 @@ class JobForm(forms.Form):
             "device_count": data["device_count"],
             "priority": data["priority"],
             "name": data["name"],
-            "hyperparameters": {
-                k: data[k] for k in self.HYPERPARAMETERS if data.get(k) not in (None, "")
-            },
+            "hyperparameters": hyperparameters,
         }
 
 

@@ -35,7 +35,7 @@ def write_manifest(out_dir: Path, **fields) -> dict:
         for p in sorted(out_dir.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    manifest = {"format": 1, **fields, "tokenizer": {"type": "char", "vocab": VOCAB}}
+    manifest = {"format": 1, "tokenizer": {"type": "char", "vocab": VOCAB}, **fields}
     manifest["files"] = files
     (out_dir / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2), "utf-8")
     return manifest

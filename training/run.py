@@ -42,7 +42,7 @@ def emit(kind: str, **data) -> None:
 
 def run(workdir: Path) -> dict:
     from training.backends import get_backend
-    from training.data import LabelSpace
+    from training.data import OBJECTIVES, LabelSpace
     from training.inference import Predictor, write_manifest
     from training.loop import load_split
     from training.metrics import evaluate
@@ -61,6 +61,21 @@ def run(workdir: Path) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     files = backend.export(spec, workdir, tmp)
+    if spec.task_kind in OBJECTIVES:
+        write_manifest(
+            tmp,
+            task_kind=spec.task_kind,
+            objective=OBJECTIVES[spec.task_kind],
+            labels=[],
+            backend=spec.backend,
+            runtime=backend.generative_runtime,
+            max_length=spec.hp.max_seq_length,
+            tokenizer={"type": "chat", "file": "tokenizer.json"},
+            **files,
+        )
+        shutil.rmtree(export, ignore_errors=True)
+        tmp.rename(export)
+        return _generative_evaluation(workdir, state)
     space = LabelSpace(spec.task_kind, tuple(spec.labels))
     write_manifest(
         tmp,
@@ -108,6 +123,25 @@ def run(workdir: Path) -> dict:
     )
     summary = {k: v for k, v in report.items() if isinstance(v, int | float)}
     emit("metrics", step=state.get("step"), split=split, metrics=summary)
+    return evaluation
+
+
+def _generative_evaluation(workdir: Path, state: dict) -> dict:
+    """A causal LM was evaluated by the loop on its best weights (loss, perplexity or
+    preference accuracy, generations with ROUGE-L); this adds the run's figures and writes it."""
+    evaluation = {
+        **state["evaluation"],
+        "history": state.get("history", []),
+        "best_step": state.get("best_step"),
+        "steps": state.get("step"),
+        "train_samples_per_s": state.get("samples_per_s"),
+        "peak_memory_mb": state.get("peak_memory_mb"),
+    }
+    (workdir / "evaluation.json").write_text(
+        json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
+    )
+    summary = {k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)}
+    emit("metrics", step=state.get("step"), split=evaluation["split"], metrics=summary)
     return evaluation
 
 

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
-from training.presets import PRESETS
+from training.presets import LLM_PRESETS, PRESETS
 
 
 class BaseModelSerializer(serializers.ModelSerializer):
@@ -161,5 +161,7 @@ class ModelImportSerializer(serializers.Serializer):
 
 
 class PresetSerializer(serializers.Serializer):
-    name = serializers.ChoiceField(choices=list(PRESETS))
+    name = serializers.ChoiceField(choices=[*PRESETS, *LLM_PRESETS])
     config = serializers.DictField()
+    # A causal LM for instruction and preference data.
+    generative = serializers.BooleanField()

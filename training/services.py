@@ -35,10 +35,11 @@ from console.services import audit_record
 from labeling.models import DatasetVersion
 from training import storage
 from training.backends import available as available_backends
-from training.data import HEADS
+from training.data import HEADS, OBJECTIVES
+from training.estimate import causal_lm_summary
 from training.inference import MANIFEST, read_manifest
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
-from training.presets import DEFAULT_PRESET, PRESETS, recommended
+from training.presets import LLM_PRESETS, PRESETS, default_preset, presets_for, recommended
 from training.run import EVENT_PREFIX
 from training.spec import Hyperparameters, JobSpec
 from training.tokenizer import CharTokenizer
@@ -57,6 +58,53 @@ REQUIRED_FILES = {
 }
 # The architectures each backend builds (config.json's model_type).
 ARCHITECTURES = {"paddle": ("ernie",), "torch": ("bert", "ernie", "roberta")}
+# Causal LMs for instruction and preference data: what PaddleNLP 3.0.0b4's and transformers
+# 4.55's AutoModelForCausalLM build without remote code. The LLaMA architecture is tested here
+# (the tiny preset); the others are declared from the libraries.
+CAUSAL_ARCHITECTURES = {
+    "paddle": (
+        "llama",
+        "qwen",
+        "qwen2",
+        "qwen2_moe",
+        "mistral",
+        "mixtral",
+        "chatglm_v2",
+        "bloom",
+        "gemma",
+        "deepseek_v2",
+        "deepseek_v3",
+        "yuan",
+    ),
+    "torch": (
+        "llama",
+        "qwen2",
+        "qwen3",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mistral",
+        "mixtral",
+        "gemma",
+        "gemma2",
+        "ernie4_5",
+        "deepseek_v3",
+        "phi3",
+    ),
+}
+CAUSAL_WEIGHTS = {
+    "paddle": (
+        "model_state.pdparams",
+        "model.safetensors",
+        "model_state.pdparams.index.json",
+        "model.safetensors.index.json",
+    ),
+    "torch": (
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+    ),
+}
 
 
 def _model_type(config: dict) -> str:
@@ -74,16 +122,15 @@ def inspect_model_dir(directory: Path, backend: str) -> dict:
     names the missing or wrong file."""
     if backend not in REQUIRED_FILES:
         raise ValidationError(_("Unknown backend “%(b)s”.") % {"b": backend})
+    config = _read_config(directory)
+    if _is_causal_lm(config):
+        return _inspect_causal_lm(directory, backend, config)
     for names in REQUIRED_FILES[backend]:
         if not any((directory / n).is_file() for n in names):
             raise ValidationError(
                 _("The model lacks %(file)s (needed by the %(backend)s backend).")
                 % {"file": _(" or ").join(names), "backend": backend}
             )
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValidationError(_("config.json is not valid JSON: %(e)s") % {"e": exc}) from exc
     arch = _model_type(config)
     if arch not in ARCHITECTURES[backend]:
         raise ValidationError(
@@ -110,6 +157,79 @@ def inspect_model_dir(directory: Path, backend: str) -> dict:
         # float32 weights: 4 bytes a parameter.
         "parameters_approx": weights.stat().st_size // 4,
     }
+
+
+def _read_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ValidationError(_("The model lacks %(file)s.") % {"file": "config.json"})
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(_("config.json is not valid JSON: %(e)s") % {"e": exc}) from exc
+    if not isinstance(config, dict):
+        raise ValidationError(_("config.json is not a JSON object."))
+    return config
+
+
+def _is_causal_lm(config: dict) -> bool:
+    names = [str(a) for a in config.get("architectures") or []]
+    known = {a for archs in CAUSAL_ARCHITECTURES.values() for a in archs}
+    return any(n.endswith("ForCausalLM") for n in names) or _model_type(config) in known
+
+
+def _inspect_causal_lm(directory: Path, backend: str, config: dict) -> dict:
+    """A causal LM's files: config, weights, tokenizer.json and a chat template of its own."""
+    arch = _model_type(config)
+    if arch not in CAUSAL_ARCHITECTURES[backend]:
+        raise ValidationError(
+            _(
+                "config.json describes the causal LM architecture “%(arch)s”; the %(backend)s "
+                "backend builds %(known)s."
+            )
+            % {
+                "arch": arch or "?",
+                "backend": backend,
+                "known": ", ".join(CAUSAL_ARCHITECTURES[backend]),
+            }
+        )
+    weights = [n for n in CAUSAL_WEIGHTS[backend] if (directory / n).is_file()]
+    if not weights:
+        raise ValidationError(
+            _("The model lacks %(file)s (needed by the %(backend)s backend).")
+            % {"file": _(" or ").join(CAUSAL_WEIGHTS[backend]), "backend": backend}
+        )
+    if not (directory / "tokenizer.json").is_file():
+        raise ValidationError(
+            _(
+                "The model lacks tokenizer.json: convert its tokenizer to the fast format "
+                "(transformers' AutoTokenizer.save_pretrained) before importing it."
+            )
+        )
+    tokenizer_config = {}
+    if (directory / "tokenizer_config.json").is_file():
+        try:
+            tokenizer_config = json.loads(
+                (directory / "tokenizer_config.json").read_text(encoding="utf-8")
+            )
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValidationError(
+                _("tokenizer_config.json is not valid JSON: %(e)s") % {"e": exc}
+            ) from exc
+    has_template = (
+        (directory / "chat_template.jinja").is_file()
+        or (directory / "chat_template.json").is_file()
+        or bool(tokenizer_config.get("chat_template"))
+    )
+    if not has_template:
+        raise ValidationError(
+            _(
+                "The model has no chat template (chat_template.jinja, chat_template.json or "
+                "chat_template in tokenizer_config.json); none is assumed."
+            )
+        )
+    summary = causal_lm_summary(config)
+    return {**summary, "architecture": arch, "weights_file": weights[0]}
 
 
 def _import_root_path(path: str) -> Path:
@@ -199,7 +319,12 @@ def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
                 "No base model named “%(name)s” is imported for the %(backend)s backend. "
                 "Imported: %(names)s. Presets: %(presets)s."
             )
-            % {"name": name, "backend": backend, "names": names, "presets": ", ".join(PRESETS)}
+            % {
+                "name": name,
+                "backend": backend,
+                "names": names,
+                "presets": ", ".join([*PRESETS, *LLM_PRESETS]),
+            }
         )
     return found
 
@@ -218,6 +343,10 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
         hp = Hyperparameters.from_dict(values)
         for name, kind in Hyperparameters.__annotations__.items():
             value = getattr(hp, name)
+            if kind == list[str]:
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{name} must be a list of names")
+                continue
             if kind is bool and not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false")
             try:
@@ -233,7 +362,10 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
         (hp.epochs >= 1, "epochs ≥ 1"),
         (1 <= hp.batch_size <= 4096, "1 ≤ batch_size ≤ 4096"),
         (0 < hp.learning_rate < 1, "0 < learning_rate < 1"),
-        (8 <= hp.max_seq_length <= 512, "8 ≤ max_seq_length ≤ 512"),
+        (
+            8 <= hp.max_seq_length <= (32768 if task_kind in OBJECTIVES else 512),
+            "8 ≤ max_seq_length ≤ 512 (32768 for instruction and preference data)",
+        ),
         (0 <= hp.warmup_ratio < 1, "0 ≤ warmup_ratio < 1"),
         (0 <= hp.weight_decay < 1, "0 ≤ weight_decay < 1"),
         (hp.early_stopping_patience >= 0, "early_stopping_patience ≥ 0"),
@@ -244,6 +376,15 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
             hp.metric in ("accuracy", "macro_f1", "micro_f1", "weighted_f1"),
             "metric is accuracy, macro_f1, micro_f1 or weighted_f1",
         ),
+        (hp.amp_dtype in ("bfloat16", "float16"), "amp_dtype is bfloat16 or float16"),
+        (hp.method in ("lora", "full"), "method is lora or full"),
+        (1 <= hp.lora_rank <= 1024, "1 ≤ lora_rank ≤ 1024"),
+        (hp.lora_alpha > 0, "lora_alpha > 0"),
+        (0 <= hp.lora_dropout < 1, "0 ≤ lora_dropout < 1"),
+        (1 <= hp.gradient_accumulation_steps <= 1024, "1 ≤ gradient_accumulation_steps ≤ 1024"),
+        (hp.dpo_beta > 0, "dpo_beta > 0"),
+        (1 <= hp.max_new_tokens <= 4096, "1 ≤ max_new_tokens ≤ 4096"),
+        (0 <= hp.eval_generations <= 200, "0 ≤ eval_generations ≤ 200"),
     ]
     for ok, rule in checks:
         if not ok:
@@ -272,7 +413,8 @@ def training_job_submit(
     if dataset.team_id != team.pk:
         raise ValidationError(_("No such dataset version."))
     kind = dataset.task_kind
-    if kind not in HEADS:
+    generative = kind in OBJECTIVES
+    if kind not in HEADS and not generative:
         raise ValidationError(_("Task kind %(kind)s cannot be trained yet.") % {"kind": kind})
     if backend not in available_backends():
         raise ValidationError(
@@ -283,14 +425,22 @@ def training_job_submit(
         raise ValidationError(_("Choose a base model or a preset, not both."))
     model = base_model_named(team, base_model, backend) if base_model else None
     if model is None:
-        preset = preset or DEFAULT_PRESET
-        if preset not in PRESETS:
+        preset = preset or default_preset(kind)
+        if preset not in presets_for(kind):
             raise ValidationError(
-                _("No preset named “%(p)s”; presets: %(all)s.")
-                % {"p": preset, "all": ", ".join(PRESETS)}
+                _("No preset named “%(p)s” for %(kind)s; presets: %(all)s.")
+                % {"p": preset, "kind": kind, "all": ", ".join(presets_for(kind))}
             )
-    labels = _job_labels(dataset_version)
-    if len(labels) < (1 if kind == "ner" else 2):
+    elif bool(model.summary.get("causal_lm")) != generative:
+        raise ValidationError(
+            _("%(model)s is a causal language model: it trains instruction and preference data.")
+            % {"model": model.name}
+            if model.summary.get("causal_lm")
+            else _("%(model)s is an encoder; instruction and preference data need a causal LM.")
+            % {"model": model.name}
+        )
+    labels = [] if generative else _job_labels(dataset_version)
+    if not generative and len(labels) < (1 if kind == "ner" else 2):
         raise ValidationError(
             _("%(v)s has %(n)d label(s): a model needs at least two classes (one entity type).")
             % {"v": dataset_version, "n": len(labels)}
@@ -301,15 +451,25 @@ def training_job_submit(
         device = profile(device_type)
     except ValueError as exc:
         raise ValidationError(str(exc)) from exc
-    # Mixed precision by default where the device's profile says it is supported.
-    given = {"amp": device.amp, **(hyperparameters or {})}
+    # Mixed precision by default where the device's profile says it is supported, in bfloat16
+    # where it has it.
+    given = {"amp": device.amp, "amp_dtype": "bfloat16" if device.bf16 else "float16"}
+    given.update(hyperparameters or {})
     hp = _validated_hyperparameters(kind, None if model else preset, given)
     if hp.amp and not device.amp:
         raise ValidationError(
             _("Mixed precision (amp) is not supported on %(device)s.") % {"device": device.label}
         )
+    if hp.amp and hp.amp_dtype == "bfloat16" and not device.bf16:
+        raise ValidationError(
+            _("%(device)s has no bfloat16: choose amp_dtype float16.") % {"device": device.label}
+        )
     if device_count < 1:
         raise ValidationError(_("A job needs at least one device."))
+    if device_count > 1 and generative:
+        raise ValidationError(
+            _("Large models train on one device for now; several devices come with the nodes.")
+        )
     if device_count > 1 and backend != "paddle":
         raise ValidationError(
             _(

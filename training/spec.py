@@ -38,8 +38,27 @@ class Hyperparameters:
     threshold: float = 0.5
     # Write a checkpoint every this many steps as well as at the end of each epoch.
     checkpoint_steps: int = 200
-    # Mixed precision where the device supports it (never on CPU).
+    # Mixed precision where the device supports it (never on CPU): bfloat16 or float16.
     amp: bool = False
+    amp_dtype: str = "bfloat16"
+    # Generative kinds (instruction: SFT, preference: DPO) --------------------------------
+    # "lora" trains low-rank adapters on the frozen base; "full" trains every weight.
+    method: str = "lora"
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.05
+    # Linear layers that get adapters; empty: the architecture's default (training.llm).
+    lora_target_modules: list[str] = field(default_factory=list)
+    gradient_accumulation_steps: int = 1
+    # Recompute activations in the backward pass (gradient checkpointing): less memory.
+    recompute: bool = False
+    # Several short conversations per sequence (SFT).
+    packing: bool = False
+    # DPO's temperature of the implicit reward.
+    dpo_beta: float = 0.1
+    # Generations for held-out prompts in the evaluation.
+    max_new_tokens: int = 64
+    eval_generations: int = 20
 
     @classmethod
     def from_dict(cls, data: dict) -> "Hyperparameters":

@@ -11,12 +11,14 @@ from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
+from console.hardware import profiles
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from training import api, selectors, services
+from training.estimate import estimates
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
 from training.models import TrainingJob
-from training.presets import DEFAULT_PRESET, PRESETS
+from training.presets import LLM_PRESETS, PRESETS
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -45,7 +47,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
 @team_view(write=Perm.TRAINING_WRITE)
 def job_new(request: HttpRequest) -> HttpResponse:
     base_models = selectors.team_base_models(request.team)
-    initial = {"model": f"preset:{DEFAULT_PRESET}"}
+    initial = {"model": "preset:"}
     if request.GET.get("version"):
         initial["dataset_version"] = request.GET["version"]
     form = JobForm(
@@ -259,6 +261,13 @@ def models_compare(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:
+    try:
+        return min(max(int(request.GET.get(name, default)), low), high)
+    except ValueError:
+        return default
+
+
 @team_view(write=Perm.MODEL_IMPORT)
 def base_models(request: HttpRequest) -> HttpResponse:
     form = BaseModelImportForm(request.POST or None, request.FILES or None)
@@ -279,14 +288,26 @@ def base_models(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, _("Imported %(name)s.") % {"name": model.name})
             return redirect("training:base_models", team=request.team.slug)
+    # The memory estimate of fine-tuning each causal LM, at the batch size and length asked.
+    batch_size = _int_param(request, "batch_size", 4, 1, 1024)
+    seq_length = _int_param(request, "seq_length", 1024, 8, 131072)
+    models = list(selectors.team_base_models(request.team))
+    for m in models:
+        if m.summary.get("causal_lm"):
+            m.estimates = estimates(
+                m.summary, profiles().values(), batch_size=batch_size, seq_length=seq_length
+            )
     return render(
         request,
         "training/base_models.html",
         {
-            "models": selectors.team_base_models(request.team),
+            "models": models,
+            "batch_size": batch_size,
+            "seq_length": seq_length,
             "form": form,
             "import_dir": settings.MODEL_IMPORT_DIR,
             "presets": PRESETS,
+            "llm_presets": LLM_PRESETS,
             "can_write": _can(request, Perm.MODEL_IMPORT),
         },
     )

@@ -10,6 +10,8 @@ def field(row: dict, name: str) -> str:
     if name == "entities" and isinstance(value, list):
         text = row.get("text", "")
         return "  ".join(f"{text[e['start'] : e['end']]}/{e['label']}" for e in value)
+    if name == "messages" and isinstance(value, list):
+        return "  ⏎  ".join(f"{t['role']}: {t['content']}" for t in value)
     if isinstance(value, list):
         return ", ".join(str(v) for v in value)
     return "" if value is None else str(value)

@@ -47,6 +47,37 @@ def train_export(
             epochs=epochs, batch_size=16, learning_rate=1e-3, max_seq_length=64, seed=seed
         ),
     ).save(workdir)
+    _run_runner(workdir, backend)
+    return workdir / "export"
+
+
+def train_llm_export(kind: str, workdir: Path, backend: str = "paddle") -> Path:
+    """The tiny LLaMA preset fine-tuned with LoRA by the job runner on the sums in words of
+    ``rows_for`` (instruction: SFT; preference: DPO); its merged export."""
+    from training.presets import recommended
+    from training.spec import JobSpec
+
+    rows, _mapping = rows_for(kind, 81)
+    data = workdir / "data"
+    data.mkdir(parents=True)
+    for split, part in (("train", rows[:65]), ("dev", rows[65:73]), ("test", rows[73:])):
+        with open(data / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
+    hp = recommended(kind, preset="llama-tiny-char")
+    hp.epochs, hp.eval_generations, hp.checkpoint_steps = 6, 4, 0
+    JobSpec(
+        job_id=1,
+        task_kind=kind,
+        labels=[],
+        backend=backend,
+        preset="llama-tiny-char",
+        hyperparameters=hp,
+    ).save(workdir)
+    _run_runner(workdir, backend)
+    return workdir / "export"
+
+
+def _run_runner(workdir: Path, backend: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if backend == "paddle":  # as training.services.runner_env: no torch import for paddle
         env.update(USE_TORCH="0", USE_TF="0")
@@ -60,7 +91,43 @@ def train_export(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return workdir / "export"
+
+
+@pytest.fixture(scope="session")
+def llm_exports(tmp_path_factory):
+    """Generative exports by (kind, backend), trained on first use."""
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(kind: str = "instruction", backend: str = "paddle") -> Path:
+        if (kind, backend) not in cache:
+            workdir = tmp_path_factory.mktemp(f"llm-{kind}-{backend}")
+            cache[(kind, backend)] = train_llm_export(kind, workdir, backend)
+        return cache[(kind, backend)]
+
+    return get
+
+
+def bare_generate(export: Path, conversations: list[list[dict]], **params) -> list[str]:
+    """The in-process engine's completions of a batch (in the runtime venv)."""
+    code = (
+        "import json,sys\n"
+        "from pathlib import Path\n"
+        "from training.generation import Generator, GenerationRequest\n"
+        "g = Generator(Path(sys.argv[1]))\n"
+        "args = json.loads(sys.stdin.read())\n"
+        "reqs = [GenerationRequest(g.chat_prompt(c), **args['params']) for c in args['convs']]\n"
+        "print(json.dumps(g.generate(reqs), ensure_ascii=False))\n"
+    )
+    proc = subprocess.run(
+        [settings.TRAINING_PYTHON, "-c", code, str(export)],
+        input=json.dumps({"convs": conversations, "params": params}, ensure_ascii=False),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,8 @@ def rows_for(kind: str, n: int = 80, seed: int = 0) -> tuple[list[dict], dict]:
     mapping of their fields."""
     rng = random.Random(seed)
     rows: list[dict] = []
+    if kind in ("instruction", "preference"):
+        return _generative_rows(kind, n, rng)
     for i in range(n):
         positive = i % 2 == 0
         word = rng.choice(POS if positive else NEG)
@@ -44,6 +46,28 @@ def rows_for(kind: str, n: int = 80, seed: int = 0) -> tuple[list[dict], dict]:
             )
     mapping = {f: f for f in rows[0]}
     return rows, mapping
+
+
+def _generative_rows(kind: str, n: int, rng: random.Random) -> tuple[list[dict], dict]:
+    """Sums in words ("3加4等于几？" → "3加4等于7。"): a tiny causal LM learns the answer's form
+    in a few epochs, and DPO that the sum beats "不知道"."""
+    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    rng.shuffle(pairs)
+    rows: list[dict] = []
+    for a, b in (pairs * (n // len(pairs) + 1))[:n]:
+        question, answer = f"{a}加{b}等于几？", f"{a}加{b}等于{a + b}。"
+        if kind == "instruction":
+            rows.append(
+                {
+                    "messages": [
+                        {"role": "user", "content": question},
+                        {"role": "assistant", "content": answer},
+                    ]
+                }
+            )
+        else:
+            rows.append({"prompt": question, "chosen": answer, "rejected": "我不知道。"})
+    return rows, {f: f for f in rows[0]}
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from training.backends import Backend, Emit
-from training.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
+from training.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
 from training.loop import BEST, VOCAB, fit
 from training.presets import PRESETS
 from training.spec import JobSpec
@@ -145,11 +145,22 @@ class PaddleOps:
 class PaddleBackend(Backend):
     name = "paddle"
     runtime = "paddle_inference"
+    generative_runtime = "paddle_generate"
 
     def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
+        if spec.task_kind in OBJECTIVES:
+            from training import llm
+            from training.backends.paddle_llm import PaddleLLMOps
+
+            self.llm = PaddleLLMOps()
+            return llm.fit(spec, workdir, emit, self.llm)
         return fit(spec, workdir, emit, PaddleOps())
 
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
+        if spec.task_kind in OBJECTIVES:
+            from training import llm
+
+            return llm.export(spec, workdir, out_dir, self.llm)
         import paddle
         from paddle.static import InputSpec
         from paddlenlp.transformers import (

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from training.backends import Backend, Emit
-from training.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
+from training.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
 from training.loop import BEST, VOCAB, fit
 from training.presets import PRESETS
 from training.spec import JobSpec
@@ -246,11 +246,22 @@ def logits_module(model: Any) -> Any:
 class TorchBackend(Backend):
     name = "torch"
     runtime = "onnxruntime"
+    generative_runtime = "torch_generate"
 
     def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
+        if spec.task_kind in OBJECTIVES:
+            from training import llm
+            from training.backends.torch_llm import TorchLLMOps
+
+            self.llm = TorchLLMOps()
+            return llm.fit(spec, workdir, emit, self.llm)
         return fit(spec, workdir, emit, TorchOps())
 
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
+        if spec.task_kind in OBJECTIVES:
+            from training import llm
+
+            return llm.export(spec, workdir, out_dir, self.llm)
         import torch
 
         head = LabelSpace(spec.task_kind, tuple(spec.labels)).head

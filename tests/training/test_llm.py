@@ -1,0 +1,248 @@
+"""Large models through the real Celery train worker and the runner: a tiny LLaMA-architecture
+preset fine-tuned with LoRA on instruction data (SFT) and on preference pairs (DPO), on both
+backends, evaluated and exported; and what submission refuses."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.files.storage import default_storage
+from django.urls import reverse
+
+from tests.training.conftest import wait_for
+from training import services
+from training.models import ModelVersion
+
+FAST = {"epochs": 6, "batch_size": 8, "max_new_tokens": 16, "eval_generations": 8}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("train_worker")
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+@pytest.mark.parametrize("kind", ["instruction", "preference"])
+def test_lora_sft_and_dpo_train_with_each_backend(team, owner, make_dataset, kind, backend):
+    version = make_dataset(kind, n=81)
+    job = services.training_job_submit(
+        actor=owner, team=team, dataset_version=version, backend=backend, hyperparameters=FAST
+    )
+    assert job.preset == "llama-tiny-char" and job.labels == []
+    assert job.hyperparameters["method"] == "lora"
+    job = wait_for(job)
+    assert job.status == "succeeded", job.error
+    assert job.step == job.total_steps > 0
+
+    model = ModelVersion.objects.get(job=job)
+    assert model.runtime == f"{backend}_generate"
+    manifest = model.manifest
+    assert manifest["objective"] == {"instruction": "sft", "preference": "dpo"}[kind]
+    assert manifest["tokenizer"] == {"type": "chat", "file": "tokenizer.json"}
+    weights = {"paddle": "model_state.pdparams", "torch": "model.safetensors"}[backend]
+    for name in (weights, "config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert f"export/{name}" in model.files
+    config = json.loads(default_storage.open(model.storage_prefix + "export/config.json").read())
+    assert config["num_hidden_layers"] == 2  # LoRA merged: a plain model of the architecture
+
+    evaluation = model.evaluation
+    history = evaluation["history"]
+    assert len(history) == 6 and history[-1]["loss"] < history[0]["loss"]
+    metrics = evaluation["metrics"]
+    if kind == "instruction":
+        assert metrics["perplexity"] < 3, metrics
+        assert metrics["rouge_l"] > 0.5, evaluation["generations"]
+    else:
+        assert metrics["accuracy"] == 1.0 and metrics["margin"] > 0, metrics
+    generations = evaluation["generations"]
+    assert len(generations) == 8
+    assert {"prompt", "reference", "generated", "rouge_l"} <= set(generations[0])
+    assert generations[0]["prompt"][-1]["role"] == "user"
+    assert evaluation["peak_memory_mb"] > 0
+
+
+@pytest.mark.django_db
+def test_submission_refuses_what_cannot_train(team, owner, make_dataset):
+    version = make_dataset("instruction", n=20)
+    with pytest.raises(ValidationError, match="No preset named “ernie-micro-char”"):
+        services.training_job_submit(
+            actor=owner, team=team, dataset_version=version, preset="ernie-micro-char"
+        )
+    for bad, rule in (
+        ({"method": "qlora"}, "method is lora or full"),
+        ({"lora_rank": 0}, "lora_rank"),
+        ({"lora_target_modules": "q_proj"}, "must be a list"),
+        ({"max_seq_length": 65536}, "max_seq_length"),
+        ({"dpo_beta": 0}, "dpo_beta"),
+    ):
+        with pytest.raises(ValidationError, match=rule):
+            services.training_job_submit(
+                actor=owner, team=team, dataset_version=version, hyperparameters=bad
+            )
+    with pytest.raises(ValidationError, match="one device"):
+        services.training_job_submit(
+            actor=owner, team=team, dataset_version=version, device_count=2
+        )
+    classification = make_dataset("text_classification", n=20)
+    with pytest.raises(ValidationError, match="No preset named “llama-tiny-char”"):
+        services.training_job_submit(
+            actor=owner, team=team, dataset_version=classification, preset="llama-tiny-char"
+        )
+    job = services.training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=version,
+        backend="torch",
+        hyperparameters={"method": "full", "lora_target_modules": ["q_proj"], "packing": True},
+    )
+    assert job.hyperparameters["method"] == "full" and job.hyperparameters["packing"] is True
+
+
+# Run in the runtime venv: a tiny causal LM of the LLaMA architecture in each layout, with its
+# character tokenizer and chat template.
+MAKE_LLM = """
+import pathlib, sys
+from training.chat import build_char_tokenizer
+d = pathlib.Path(sys.argv[1]); backend = sys.argv[2]
+chars = "0123456789加等于几？。我不知道userassistantsystem"
+tok = build_char_tokenizer([chars], d)
+arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=172, max_position_embeddings=512,
+            tie_word_embeddings=False, initializer_range=0.2, pad_token_id=0)
+if backend == "paddle":
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+    LlamaForCausalLM(LlamaConfig(use_flash_attention=False, **arch)).save_pretrained(str(d))
+else:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    LlamaForCausalLM(LlamaConfig(**arch)).save_pretrained(str(d))
+"""
+
+
+@pytest.fixture(scope="session")
+def llm_dirs(django_db_setup) -> dict[str, Path]:
+    made = {}
+    for backend in ("paddle", "torch"):
+        target = settings.MODEL_IMPORT_DIR / f"tiny-llama-{backend}"
+        if not target.exists():
+            subprocess.run(
+                [str(settings.TRAINING_PYTHON), "-c", MAKE_LLM, str(target), backend],
+                check=True,
+                cwd=settings.BASE_DIR,
+                env={"PYTHONPATH": str(settings.BASE_DIR), "PATH": "/usr/bin:/bin"},
+                capture_output=True,
+                timeout=180,
+            )
+        made[backend] = target
+    return made
+
+
+@pytest.mark.django_db
+def test_a_causal_lm_is_imported_with_its_size_context_and_memory_estimate(
+    client, team, owner, llm_dirs
+):
+    for backend in ("paddle", "torch"):
+        model = services.base_model_import(
+            actor=owner,
+            team=team,
+            name=f"tiny-{backend}",
+            backend=backend,
+            path=f"tiny-llama-{backend}",
+        )
+        summary = model.summary
+        assert summary["causal_lm"] and model.architecture == "llama"
+        assert summary["context_length"] == 512 and summary["layers"] == 2
+        weights = {"paddle": "model_state.pdparams", "torch": "model.safetensors"}[backend]
+        assert {"config.json", "tokenizer.json", "tokenizer_config.json", weights} <= set(
+            model.manifest["files"]
+        )
+    # The count from the config is the weights' own: float32 file ≈ 4 bytes a parameter.
+    size = (llm_dirs["torch"] / "model.safetensors").stat().st_size
+    assert summary["parameters"] == pytest.approx(size / 4, rel=0.01)
+    client.force_login(owner)
+    page = client.get(
+        reverse("training:base_models", kwargs={"team": team.slug}) + "?batch_size=2"
+    ).content.decode()
+    assert 'data-testid="memory-estimate"' in page and "batch 2 × 1024" in page
+
+
+def test_a_causal_lm_without_tokenizer_or_chat_template_is_refused(llm_dirs, tmp_path):
+    source = llm_dirs["torch"]
+    no_tokenizer = tmp_path / "no-tokenizer"
+    shutil.copytree(source, no_tokenizer)
+    (no_tokenizer / "tokenizer.json").unlink()
+    with pytest.raises(ValidationError, match=r"tokenizer\.json"):
+        services.inspect_model_dir(no_tokenizer, "torch")
+    no_template = tmp_path / "no-template"
+    shutil.copytree(source, no_template)
+    config = json.loads((no_template / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (no_template / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValidationError, match="no chat template"):
+        services.inspect_model_dir(no_template, "torch")
+    # A template of its own in chat_template.jinja is read instead.
+    (no_template / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert services.inspect_model_dir(no_template, "torch")["causal_lm"]
+    odd = tmp_path / "odd"
+    shutil.copytree(source, odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    with pytest.raises(ValidationError, match="qwen3"):
+        services.inspect_model_dir(odd, "paddle")  # PaddleNLP 3.0.0b4 builds no Qwen3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("train_worker")
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+def test_a_job_fine_tunes_an_imported_causal_lm(team, owner, make_dataset, llm_dirs, backend):
+    services.base_model_import(
+        actor=owner, team=team, name="tiny", backend=backend, path=f"tiny-llama-{backend}"
+    )
+    version = make_dataset("instruction", n=81)
+    encoder = make_dataset("text_classification", n=20)
+    with pytest.raises(ValidationError, match="causal language model"):
+        services.training_job_submit(
+            actor=owner, team=team, dataset_version=encoder, backend=backend, base_model="tiny"
+        )
+    job = services.training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=version,
+        backend=backend,
+        base_model="tiny",
+        hyperparameters={**FAST, "learning_rate": 1e-2, "gradient_accumulation_steps": 2},
+    )
+    job = wait_for(job)
+    assert job.status == "succeeded", job.error
+    model = job.model_version
+    assert model.base == "tiny" and model.evaluation["metrics"]["rouge_l"] > 0.3
+    history = model.evaluation["history"]
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+def test_the_memory_estimate_of_a_7b_model():
+    """Qwen2-7B's config: the figures a team plans cards with."""
+    from console.hardware import profile
+    from training.estimate import causal_lm_summary, fine_tune_memory
+
+    summary = causal_lm_summary(
+        {
+            "hidden_size": 3584,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "intermediate_size": 18944,
+            "vocab_size": 152064,
+            "max_position_embeddings": 32768,
+        }
+    )
+    assert summary["parameters"] == pytest.approx(7.6e9, rel=0.02)
+    gpu = profile("gpu")
+
+    def gib(**kw):
+        return fine_tune_memory(summary, gpu, batch_size=1, seq_length=1024, **kw).total / 2**30
+
+    full, lora = gib(method="full"), gib(method="lora")
+    assert 120 < full < 160  # 16 bytes a parameter and activations
+    assert 14 < lora < 40  # bfloat16 weights, small adapters
+    assert gib(method="lora", recompute=True) < lora

@@ -1,0 +1,213 @@
+"""Causal LMs on the paddle backend: PaddleNLP's ``AutoModelForCausalLM`` (LLaMA, Qwen2, the
+ERNIE families it builds) or the LLaMA preset, LoRA from ``paddlenlp.peft``, and the shared
+SFT/DPO loop of ``training.llm``. The export is the merged model in PaddleNLP's layout
+(``model_state.pdparams`` + ``config.json``) with the tokenizer's files."""
+
+import resource
+from pathlib import Path
+
+import numpy as np
+
+from training.backends.paddle import paddle_device
+from training.chat import IGNORE, ChatTokenizer
+from training.llm import lora_targets
+from training.presets import LLM_PRESETS
+from training.spec import JobSpec
+
+TRAINED = "trained.pdparams"
+OPTIMIZER = "optimizer.pdopt"
+
+
+def _logits(output):
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    return getattr(output, "logits", output)
+
+
+def position_ids(mask: np.ndarray) -> np.ndarray:
+    """Positions that skip left padding, so a padded prompt generates as it would alone."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype("int64")
+
+
+class PaddleLLMOps:
+    world, rank = 1, 0
+
+    def build(self, spec: JobSpec, tokenizer: ChatTokenizer) -> None:
+        import paddle
+        from paddlenlp.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+        from paddlenlp.utils.log import logger
+
+        logger.set_level("WARNING")
+        self.spec = spec
+        hp = spec.hp
+        self.device = paddle_device(spec)
+        paddle.set_device(self.device)
+        paddle.seed(hp.seed)
+        if spec.base_model_dir:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                spec.base_model_dir, dtype="float32", recompute=hp.recompute
+            )
+        else:
+            arch = {**LLM_PRESETS[spec.preset], **spec.model_config}
+            config = LlamaConfig(
+                vocab_size=tokenizer.vocab_size,
+                pad_token_id=tokenizer.pad_id,
+                eos_token_id=tokenizer.stop_ids[0] if tokenizer.stop_ids else None,
+                recompute=hp.recompute,
+                **arch,
+            )
+            self.model = LlamaForCausalLM(config)
+        model_type = getattr(self.model.config, "model_type", "llama")
+        if hp.method == "lora":
+            from paddlenlp.peft import LoRAConfig, LoRAModel
+
+            config = LoRAConfig(
+                # PaddleNLP matches target modules as regular expressions of full names.
+                target_modules=[f".*{name}" for name in lora_targets(spec, model_type)],
+                r=hp.lora_rank,
+                lora_alpha=hp.lora_alpha,
+                lora_dropout=hp.lora_dropout,
+                merge_weights=False,
+            )
+            self.model = LoRAModel(self.model, config)
+            self.model.mark_only_lora_as_trainable()
+        self.trained = {name for name, p in self.model.named_parameters() if not p.stop_gradient}
+        self.optimizer = paddle.optimizer.AdamW(
+            learning_rate=hp.learning_rate,
+            parameters=[p for p in self.model.parameters() if not p.stop_gradient],
+            weight_decay=hp.weight_decay,
+            grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
+        )
+        self.amp = hp.amp and spec.device_type != "cpu"
+        self.scaler = paddle.amp.GradScaler() if self.amp and hp.amp_dtype == "float16" else None
+        self.model.train()
+
+    def _token_logps(self, batch: dict[str, np.ndarray]):
+        """Per sequence: the summed log p of its labelled tokens, and how many there are."""
+        import paddle
+        import paddle.nn.functional as F
+
+        mask = batch["attention_mask"]
+        with paddle.amp.auto_cast(enable=self.amp, dtype=self.spec.hp.amp_dtype):
+            logits = _logits(
+                self.model(
+                    input_ids=paddle.to_tensor(batch["input_ids"]),
+                    attention_mask=paddle.to_tensor(mask),
+                    position_ids=paddle.to_tensor(position_ids(mask)),
+                )
+            )
+        logp = F.log_softmax(logits[:, :-1].astype("float32"), axis=-1)
+        labels = paddle.to_tensor(batch["labels"][:, 1:])
+        keep = labels != IGNORE
+        safe = paddle.where(keep, labels, paddle.zeros_like(labels))
+        picked = paddle.take_along_axis(logp, safe.unsqueeze(-1), axis=-1).squeeze(-1)
+        picked = picked * keep.astype("float32")
+        return picked.sum(axis=-1), keep.astype("float32").sum(axis=-1)
+
+    def backward(self, batch: dict[str, np.ndarray], objective: str, scale: float) -> dict:
+        import paddle
+        import paddle.nn.functional as F
+
+        sums, counts = self._token_logps(batch)
+        figures = {}
+        if objective == "sft":
+            loss = -sums.sum() / paddle.clip(counts.sum(), min=1.0)
+        else:
+            n = sums.shape[0] // 2
+            ref = paddle.to_tensor(batch["reference"].astype("float32"))
+            margin = self.spec.hp.dpo_beta * ((sums[:n] - ref[:n]) - (sums[n:] - ref[n:]))
+            loss = -F.log_sigmoid(margin).mean()
+            figures["accuracy"] = float((margin > 0).astype("float32").mean())
+        scaled = loss * scale
+        if self.scaler is not None:
+            self.scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+        return {"loss": float(loss), **figures}
+
+    def update(self, lr: float) -> None:
+        self.optimizer.set_lr(lr)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.clear_grad()
+
+    def token_logps(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        import paddle
+
+        self.model.eval()
+        with paddle.no_grad():
+            sums, counts = self._token_logps(batch)
+        self.model.train()
+        return np.stack([sums.numpy(), counts.numpy()], axis=1).astype("float64")
+
+    def generate(self, prompts, max_new_tokens, stop_ids, pad_id) -> list[list[int]]:
+        """Greedy decoding of a left-padded batch, each row until a stop token."""
+        import paddle
+
+        self.model.eval()
+        width = max(len(p) for p in prompts)
+        ids = np.full((len(prompts), width), pad_id, dtype="int64")
+        mask = np.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
+        outputs: list[list[int]] = [[] for _ in prompts]
+        done = np.zeros(len(prompts), dtype=bool)
+        stops = set(stop_ids)
+        with paddle.no_grad():
+            for _ in range(max_new_tokens):
+                logits = _logits(
+                    self.model(
+                        input_ids=paddle.to_tensor(ids),
+                        attention_mask=paddle.to_tensor(mask),
+                        position_ids=paddle.to_tensor(position_ids(mask)),
+                    )
+                )
+                nxt = logits[:, -1].argmax(axis=-1).numpy()
+                for i, token in enumerate(nxt):
+                    if not done[i]:
+                        outputs[i].append(int(token))
+                        done[i] = int(token) in stops
+                if done.all():
+                    break
+                ids = np.concatenate([ids, nxt[:, None].astype("int64")], axis=1)
+                mask = np.concatenate([mask, np.ones((len(prompts), 1), "int64")], axis=1)
+        self.model.train()
+        return outputs
+
+    def save(self, directory: Path, with_optimizer: bool) -> None:
+        import paddle
+
+        state = {k: v for k, v in self.model.state_dict().items() if k in self._state_keys()}
+        paddle.save(state, str(directory / TRAINED))
+        if with_optimizer:
+            paddle.save(self.optimizer.state_dict(), str(directory / OPTIMIZER))
+
+    def _state_keys(self) -> set[str]:
+        # state_dict's names of the trained parameters (LoRA: the adapters only).
+        return self.trained
+
+    def load(self, directory: Path, with_optimizer: bool) -> None:
+        import paddle
+
+        self.model.set_state_dict(paddle.load(str(directory / TRAINED)))
+        if with_optimizer:
+            self.optimizer.set_state_dict(paddle.load(str(directory / OPTIMIZER)))
+
+    def export(self, directory: Path) -> dict:
+        model = self.model
+        if self.spec.hp.method == "lora":
+            model.merge()
+            model = model.restore_original_model()
+        model.eval()
+        model.save_pretrained(str(directory))
+        return {"model_file": "model_state.pdparams", "config_file": "config.json"}
+
+    def peak_memory_mb(self) -> float | None:
+        import paddle
+
+        if self.device.startswith("gpu") and paddle.is_compiled_with_cuda():
+            return round(paddle.device.cuda.max_memory_allocated() / 2**20, 1)
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

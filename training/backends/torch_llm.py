@@ -1,0 +1,210 @@
+"""Causal LMs on the torch backend: transformers' ``AutoModelForCausalLM`` (any Hugging Face
+causal LM imported from disk) or the LLaMA preset, LoRA from ``peft``, and the shared SFT/DPO
+loop of ``training.llm``. The export is the merged model in Hugging Face layout
+(``model.safetensors`` + ``config.json``) with the tokenizer's files."""
+
+import resource
+from pathlib import Path
+
+import numpy as np
+
+from training.backends.paddle_llm import position_ids
+from training.backends.torch import head_classes, torch_device
+from training.chat import IGNORE, ChatTokenizer
+from training.llm import lora_targets
+from training.presets import LLM_PRESETS
+from training.spec import JobSpec
+
+TRAINED = "trained.pt"
+OPTIMIZER = "optimizer.pt"
+
+
+class TorchLLMOps:
+    world, rank = 1, 0
+
+    def build(self, spec: JobSpec, tokenizer: ChatTokenizer) -> None:
+        import torch
+
+        head_classes("single", auto=False)  # fails clearly where transformers lacks torch
+        from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+        self.spec = spec
+        hp = spec.hp
+        self.device = torch_device(spec.device_type)
+        torch.manual_seed(hp.seed)
+        if spec.base_model_dir:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                spec.base_model_dir, torch_dtype=torch.float32, local_files_only=True
+            )
+        else:
+            arch = {
+                k: v
+                for k, v in {**LLM_PRESETS[spec.preset], **spec.model_config}.items()
+                if k != "use_flash_attention"  # PaddleNLP's switch; transformers has its own
+            }
+            config = LlamaConfig(
+                vocab_size=tokenizer.vocab_size,
+                pad_token_id=tokenizer.pad_id,
+                eos_token_id=tokenizer.stop_ids[0] if tokenizer.stop_ids else None,
+                attn_implementation="eager",
+                **arch,
+            )
+            self.model = LlamaForCausalLM(config)
+        if hp.recompute:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        if hp.method == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(
+                r=hp.lora_rank,
+                lora_alpha=hp.lora_alpha,
+                lora_dropout=hp.lora_dropout,
+                target_modules=lora_targets(spec, self.model.config.model_type),
+                task_type="CAUSAL_LM",
+            )
+            if hp.recompute:
+                self.model.enable_input_require_grads()
+            self.model = get_peft_model(self.model, config)
+        self.model.to(self.device)
+        self.trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=hp.learning_rate,
+            weight_decay=hp.weight_decay,
+        )
+        self.amp = hp.amp and spec.device_type != "cpu"
+        self.dtype = torch.bfloat16 if hp.amp_dtype == "bfloat16" else torch.float16
+        self.scaler = torch.amp.GradScaler() if self.amp and hp.amp_dtype == "float16" else None
+        self.model.train()
+
+    def _tensor(self, array: np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _token_logps(self, batch: dict[str, np.ndarray]):
+        import torch
+
+        mask = batch["attention_mask"]
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.amp):
+            logits = self.model(
+                input_ids=self._tensor(batch["input_ids"]),
+                attention_mask=self._tensor(mask),
+                position_ids=self._tensor(position_ids(mask)),
+            ).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        labels = self._tensor(batch["labels"][:, 1:])
+        keep = labels != IGNORE
+        picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * keep
+        return picked.sum(-1), keep.float().sum(-1)
+
+    def backward(self, batch: dict[str, np.ndarray], objective: str, scale: float) -> dict:
+        import torch
+        import torch.nn.functional as F
+
+        sums, counts = self._token_logps(batch)
+        figures = {}
+        if objective == "sft":
+            loss = -sums.sum() / counts.sum().clamp(min=1.0)
+        else:
+            n = sums.shape[0] // 2
+            ref = torch.from_numpy(batch["reference"]).float().to(self.device)
+            margin = self.spec.hp.dpo_beta * ((sums[:n] - ref[:n]) - (sums[n:] - ref[n:]))
+            loss = -F.logsigmoid(margin).mean()
+            figures["accuracy"] = float((margin > 0).float().mean())
+        scaled = loss * scale
+        if self.scaler is not None:
+            self.scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+        return {"loss": float(loss), **figures}
+
+    def update(self, lr: float) -> None:
+        import torch
+
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def token_logps(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            sums, counts = self._token_logps(batch)
+        self.model.train()
+        return np.stack([sums.cpu().numpy(), counts.cpu().numpy()], axis=1).astype("float64")
+
+    def generate(self, prompts, max_new_tokens, stop_ids, pad_id) -> list[list[int]]:
+        """Greedy decoding of a left-padded batch, each row until a stop token."""
+        import torch
+
+        self.model.eval()
+        width = max(len(p) for p in prompts)
+        ids = np.full((len(prompts), width), pad_id, dtype="int64")
+        mask = np.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
+        outputs: list[list[int]] = [[] for _ in prompts]
+        done = np.zeros(len(prompts), dtype=bool)
+        stops = set(stop_ids)
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                logits = self.model(
+                    input_ids=self._tensor(ids),
+                    attention_mask=self._tensor(mask),
+                    position_ids=self._tensor(position_ids(mask)),
+                ).logits
+                nxt = logits[:, -1].argmax(-1).cpu().numpy()
+                for i, token in enumerate(nxt):
+                    if not done[i]:
+                        outputs[i].append(int(token))
+                        done[i] = int(token) in stops
+                if done.all():
+                    break
+                ids = np.concatenate([ids, nxt[:, None].astype("int64")], axis=1)
+                mask = np.concatenate([mask, np.ones((len(prompts), 1), "int64")], axis=1)
+        self.model.train()
+        return outputs
+
+    def save(self, directory: Path, with_optimizer: bool) -> None:
+        import torch
+
+        state = {k: v for k, v in self.model.state_dict().items() if k in self.trained}
+        torch.save(state, directory / TRAINED)
+        if with_optimizer:
+            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER)
+
+    def load(self, directory: Path, with_optimizer: bool) -> None:
+        import torch
+
+        state = torch.load(directory / TRAINED, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state, strict=False)
+        if with_optimizer:
+            self.optimizer.load_state_dict(
+                torch.load(directory / OPTIMIZER, map_location=self.device, weights_only=True)
+            )
+
+    def export(self, directory: Path) -> dict:
+        model = self.model
+        if self.spec.hp.method == "lora":
+            model = model.merge_and_unload()
+        model.eval()
+        model.save_pretrained(str(directory), safe_serialization=True)
+        return {"model_file": "model.safetensors", "config_file": "config.json"}
+
+    def peak_memory_mb(self) -> float | None:
+        import torch
+
+        if self.device.type == "cuda":
+            return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
