@@ -1,7 +1,10 @@
 """REST API of deployment, under /api/v1/teams/<team>/. Thin: services write, selectors read."""
 
+from django.http import StreamingHttpResponse
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,6 +16,7 @@ from deployment import selectors, services
 from deployment.hosts import HostError
 from deployment.serializers import (
     CanarySerializer,
+    ChatSerializer,
     DeploySerializer,
     EndpointDetailSerializer,
     EndpointSerializer,
@@ -25,6 +29,7 @@ from deployment.serializers import (
     WeightSerializer,
 )
 from labeling.selectors import labeling_project_get
+from training.data import OBJECTIVES
 from training.selectors import model_version_get
 
 
@@ -184,6 +189,28 @@ class EndpointPredict(DeploymentAPIView):
         except HostError as exc:
             code, body = 503, {"error": {"code": "unreachable", "message": str(exc)}}
         return Response(body, status=code)
+
+
+class EndpointChat(DeploymentAPIView):
+    """Chat with a generative endpoint as the console's playground does: the serving host's
+    server-sent events (OpenAI's chat.completion.chunk), streamed as they come."""
+
+    @extend_schema(request=ChatSerializer, responses={(200, "text/event-stream"): OpenApiTypes.STR})
+    def post(self, request: Request, team: str, endpoint_id: int) -> StreamingHttpResponse:
+        endpoint = self.endpoint()
+        serializer = ChatSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        if endpoint.task_kind not in OBJECTIVES:
+            raise ValidationError(
+                _("%(name)s is not a generative model.") % {"name": endpoint.name}
+            )
+        response = StreamingHttpResponse(
+            services.endpoint_chat(endpoint=endpoint, body=serializer.validated_data),
+            content_type="text/event-stream",
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass events on at once
+        return response
 
 
 class Preannotate(DeploymentAPIView):

@@ -1,5 +1,6 @@
 """The platform's client of a serving host's APIs (``deployment/server/app.py``)."""
 
+from collections.abc import Iterator
 from typing import Any
 
 import requests
@@ -62,3 +63,21 @@ class HostClient:
             return response.status_code, response.json()
         except ValueError:
             return response.status_code, {"error": {"message": response.text[:300]}}
+
+    def chat_stream(self, body: dict) -> Iterator[bytes]:
+        """A streamed chat completion as the platform (the console's playground): the host's
+        server-sent events as they come, or one error event with the host's reason."""
+        try:
+            response = self.session.post(
+                f"{self.url}/v1/chat/completions",
+                json={**body, "stream": True},
+                stream=True,
+                timeout=(3.0, 120.0),
+            )
+        except requests.RequestException as exc:
+            raise HostError(f"{self.url} is unreachable: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            yield b"data: " + response.content[:2000] + b"\n\n"
+            return
+        with response:
+            yield from response.iter_content(chunk_size=None)

@@ -172,7 +172,11 @@ class MetricSample(models.Model):
     client_errors = models.PositiveIntegerField(default=0)
     unauthorized = models.PositiveIntegerField(default=0)
     rate_limited = models.PositiveIntegerField(default=0)
+    # Generative endpoints: tokens read and written, and the time to the first token.
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
     latency = models.JSONField(default=list)  # counts per bucket of deployment.server.metrics
+    ttft = models.JSONField(default=list)
 
     class Meta:
         ordering = ["at"]

@@ -90,25 +90,27 @@ def endpoint_state(endpoint: Endpoint, revisions) -> str:
 
 def endpoint_metrics(endpoint: Endpoint, minutes: int = 60, points: int = 30) -> dict:
     """Totals over the last ``minutes`` and a series of ``points`` time steps: requests per
-    second, p50/p95/p99 latency (ms), error rate; and totals per revision."""
+    second, p50/p95/p99 latency (ms), error rate, and for generative endpoints tokens per
+    second and the time to the first token (p50/p95); and totals per revision."""
     now = timezone.now()
     since = now - timedelta(minutes=minutes)
     step = minutes * 60 / points
     samples = list(
         MetricSample.objects.filter(endpoint=endpoint, at__gt=since).values(
-            "at", "revision_id", "latency", *COUNTERS
+            "at", "revision_id", "latency", "ttft", *COUNTERS
         )
     )
     width = len(BUCKETS_MS) + 1
 
     def empty() -> dict:
-        return {**dict.fromkeys(COUNTERS, 0), "latency": [0] * width}
+        return {**dict.fromkeys(COUNTERS, 0), "latency": [0] * width, "ttft": [0] * width}
 
     def add(acc: dict, s: dict) -> None:
         for c in COUNTERS:
             acc[c] += s[c]
-        for i, n in enumerate(s["latency"][:width]):
-            acc["latency"][i] += n
+        for h in ("latency", "ttft"):
+            for i, n in enumerate((s[h] or [])[:width]):
+                acc[h][i] += n
 
     total, per_revision = empty(), {}
     buckets = [empty() for _ in range(points)]
@@ -130,6 +132,9 @@ def endpoint_metrics(endpoint: Endpoint, minutes: int = 60, points: int = 30) ->
             # Every answer but a prediction, and the host's own failures (5xx) alone.
             "error_rate": round(failed / n, 4) if n else 0,
             "server_error_rate": round(acc["errors"] / n, 4) if n else 0,
+            "tokens_per_s": round(acc["completion_tokens"] / seconds, 3) if seconds else 0,
+            "ttft_p50_ms": percentile(acc["ttft"], 0.50),
+            "ttft_p95_ms": percentile(acc["ttft"], 0.95),
         }
 
     return {

@@ -120,5 +120,19 @@ class PredictSerializer(serializers.Serializer):
     top_k = serializers.IntegerField(default=5, min_value=1)
 
 
+class ChatMessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    content = serializers.CharField(trim_whitespace=False, max_length=20_000)
+
+
+class ChatSerializer(serializers.Serializer):
+    """The playground's chat: OpenAI's chat-completion parameters that it offers."""
+
+    messages = ChatMessageSerializer(many=True, allow_empty=False)
+    max_tokens = serializers.IntegerField(required=False, min_value=1)
+    temperature = serializers.FloatField(required=False, min_value=0, max_value=2)
+    top_p = serializers.FloatField(required=False, min_value=0.000001, max_value=1)
+
+
 class PreannotateSerializer(serializers.Serializer):
     endpoint = serializers.IntegerField()

@@ -7,7 +7,9 @@ promoted (it becomes the stable one, at 100 %) or rolled back (all traffic retur
 stable revision). Rolling back with no canary returns to the revision the stable one replaced.
 """
 
+import json
 import logging
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,7 +40,6 @@ from labeling import selectors as labeling_selectors
 from labeling.models import LabelingProject
 from labeling.services import labeling_project_preannotate
 from training import storage
-from training.data import OBJECTIVES
 from training.models import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,6 @@ def _check_version(team: Team, version: ModelVersion, task_kind: str | None = No
         raise ValidationError(_("That model version belongs to another team."))
     if not any(path.startswith(EXPORT) for path in version.files):
         raise ValidationError(_("%(m)s has no exported model to serve.") % {"m": version})
-    if version.task_kind in OBJECTIVES:
-        # Generative models need the serving host's generative runtime (issue #7, next).
-        raise ValidationError(
-            _("%(m)s is a large model: serving it is not supported yet.") % {"m": version}
-        )
     if task_kind and version.task_kind != task_kind:
         raise ValidationError(
             _("%(m)s is a %(kind)s model; this endpoint serves %(served)s.")
@@ -548,6 +544,15 @@ def metrics_prune() -> int:
     return deleted
 
 
+HISTOGRAMS = ("latency", "ttft")
+
+
+def _difference(now: list | None, was: list | None) -> list[int]:
+    now = now or []
+    was = was or [0] * len(now)
+    return [a - b for a, b in zip(now, was, strict=False)]
+
+
 @transaction.atomic
 def _metrics_store(host: ServingHost, data: dict) -> int:
     host = ServingHost.objects.select_for_update().get(pk=host.pk)
@@ -564,11 +569,11 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
         for key, now_counts in revisions.items():
             was = before.get(name, {}).get(key) or {}
             delta = {c: now_counts.get(c, 0) - was.get(c, 0) for c in COUNTERS}
-            lat_was = was.get("latency") or [0] * len(now_counts["latency"])
-            latency = [a - b for a, b in zip(now_counts["latency"], lat_was, strict=False)]
-            if min(*delta.values(), *latency) < 0:  # counters went back: a restart we missed
+            histograms = {h: _difference(now_counts.get(h), was.get(h)) for h in HISTOGRAMS}
+            if min(*delta.values(), *histograms["latency"], *histograms["ttft"]) < 0:
+                # Counters went back: a restart we missed.
                 delta = {c: now_counts.get(c, 0) for c in COUNTERS}
-                latency = list(now_counts["latency"])
+                histograms = {h: list(now_counts.get(h) or []) for h in HISTOGRAMS}
             if not any(delta.values()):
                 continue
             pk = _revision_pk(key)
@@ -579,7 +584,7 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
                     host=host,
                     at=now,
                     window_s=window,
-                    latency=latency,
+                    **histograms,
                     **delta,
                 )
             )
@@ -606,6 +611,27 @@ def endpoint_predict(*, endpoint: Endpoint, inputs: list, top_k: int = 5) -> tup
         except HostError as exc:
             errors.append(str(exc))
     raise HostError("; ".join(errors) or _("No serving host is configured."))
+
+
+def endpoint_chat(*, endpoint: Endpoint, body: dict) -> Iterator[bytes]:
+    """A generative endpoint's streamed answer to a chat (the console's playground), from the
+    first serving host that is reachable. Counted in its metrics like any call."""
+    errors = []
+    for url in settings.SERVING_HOSTS:
+        stream = HostClient(url).chat_stream({**body, "model": endpoint.name})
+        try:
+            first = next(stream)
+        except HostError as exc:
+            errors.append(str(exc))
+            continue
+        except StopIteration:
+            return
+        yield first
+        yield from stream
+        return
+    message = "; ".join(errors) or _("No serving host is configured.")
+    error = {"error": {"message": message, "type": "server_error", "code": "unreachable"}}
+    yield b"data: " + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"
 
 
 # -- pre-annotation ----------------------------------------------------------------------------

@@ -40,6 +40,7 @@ urlpatterns = [
     path(AE + "keys/<int:endpoint_key_id>/revoke/", api.KeyRevoke.as_view(), name="api_key_revoke"),
     path(AE + "metrics/", api.EndpointMetrics.as_view(), name="api_endpoint_metrics"),
     path(AE + "predict/", api.EndpointPredict.as_view(), name="api_endpoint_predict"),
+    path(AE + "chat/", api.EndpointChat.as_view(), name="api_endpoint_chat"),
     path(
         A + "labeling-projects/<int:project_id>/preannotate/",
         api.Preannotate.as_view(),

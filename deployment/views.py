@@ -14,6 +14,7 @@ from console.roles import Perm, role_allows
 from deployment import selectors, services
 from deployment.forms import CanaryForm, DeployForm, KeyForm, PreannotateForm
 from labeling.selectors import labeling_project_get
+from training.data import OBJECTIVES
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -73,16 +74,20 @@ def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     revisions = list(selectors.endpoint_revisions(endpoint))
     can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
     active = [r for r in revisions if r.status == "active"]
+    generative = endpoint.task_kind in OBJECTIVES
+    path = "/v1/chat/completions" if generative else f"/v1/endpoints/{endpoint.name}:predict"
     return render(
         request,
         "deployment/endpoint.html",
         {
             "endpoint": endpoint,
+            "generative": generative,
+            "base_url": f"{settings.SERVING_PUBLIC_URL}/v1",
             "state": (state := selectors.endpoint_state(endpoint, revisions)),
             "state_label": selectors.ENDPOINT_STATES[state],
             "revisions": revisions,
             "active": active,
-            "url": f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{endpoint.name}:predict",
+            "url": settings.SERVING_PUBLIC_URL + path,
             "keys": selectors.endpoint_keys(endpoint),
             "new_key": request.session.pop("new_endpoint_key", None),
             "key_form": KeyForm(),

@@ -1,5 +1,8 @@
 """The serving host's HTTP API: management under ``/manage/`` (the platform's shared secret),
-inference under ``/v1/``, liveness and readiness at ``/healthz`` and ``/readyz``."""
+inference under ``/v1/`` (``:predict`` for classifiers and taggers, OpenAI's chat and completions
+for generative models), liveness and readiness at ``/healthz`` and ``/readyz``.
+
+Errors have one shape, OpenAI's: ``{"error": {"message", "type", "param", "code"}}``."""
 
 import asyncio
 import hashlib
@@ -11,14 +14,19 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from deployment.server import chat_api
+from deployment.server.generative import GenerativeRevision
 from deployment.server.metrics import BUCKETS_MS, Metrics
 from deployment.server.revision import PredictError, Revision
+from training.generation import RUNTIMES as GENERATIVE_RUNTIMES
+from training.inference import read_manifest
 
 MAX_INPUTS = 256  # per request, unless the endpoint says otherwise
 MAX_CHARS = 20_000  # per text
@@ -97,10 +105,32 @@ def _presented_key(request: Request) -> str:
     return request.headers.get("x-api-key", "").strip()
 
 
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
 def _error(
-    status: int, code: str, message: str, headers: dict | None = None, **extra
+    status: int,
+    code: str,
+    message: str,
+    headers: dict | None = None,
+    param: str | None = None,
+    **extra,
 ) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status, headers)
+    error = {
+        "message": message,
+        "type": ERROR_TYPES.get(status, "server_error"),
+        "param": param,
+        "code": code,
+        **extra,
+    }
+    return JSONResponse({"error": error}, status, headers)
 
 
 def parse_inputs(body: object, task_kind: str, max_inputs: int) -> list:
@@ -175,13 +205,12 @@ def shape(pred: dict, top_k: int) -> dict:
 # -- inference ----------------------------------------------------------------------------------
 
 
-async def predict(request: Request) -> Response:
-    host: Host = request.app.state.host
-    started = time.perf_counter()
-    name = request.path_params["name"]
+async def admit(request: Request, host: "Host", name: str) -> Revision | Response:
+    """The revision that answers a call to endpoint ``name``, or the error response: an unknown
+    endpoint, a missing or wrong key, a key over its rate, no revision ready."""
     route = host.endpoints.get(name)
     if route is None:
-        return _error(404, "not_found", f"no endpoint named {name!r} on this host")
+        return _error(404, "not_found", f"no endpoint named {name!r} on this host", param="model")
     presented = _presented_key(request)
     key_hash = hashlib.sha256(presented.encode()).hexdigest() if presented else ""
     if not (presented and (key_hash in route.keys or host.is_secret(presented))):
@@ -215,6 +244,24 @@ async def predict(request: Request) -> Response:
         host.metrics.count(name, "", "requests")
         host.metrics.count(name, "", "errors")
         return _error(503, "not_ready", f"no revision of {name!r} is ready yet")
+    return revision
+
+
+async def predict(request: Request) -> Response:
+    host: Host = request.app.state.host
+    started = time.perf_counter()
+    name = request.path_params["name"]
+    revision = await admit(request, host, name)
+    if isinstance(revision, Response):
+        return revision
+    route = host.endpoints[name]
+    if isinstance(revision, GenerativeRevision):
+        return _error(
+            400,
+            "generative_endpoint",
+            f"{name!r} is a generative model: call POST /v1/chat/completions or "
+            f"/v1/completions with model={name!r}",
+        )
     series = host.metrics.get(name, revision.key)
     series.counts["requests"] += 1
     try:
@@ -247,6 +294,47 @@ async def predict(request: Request) -> Response:
         },
         headers={"X-Revision": revision.key},
     )
+
+
+async def _openai(request: Request, chat: bool) -> Response:
+    host: Host = request.app.state.host
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, "invalid_json", f"the body is not valid JSON: {exc}")
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return _error(
+            400, "invalid_value", "model (the endpoint's name) is required", param="model"
+        )
+    name = body["model"]
+    revision = await admit(request, host, name)
+    if isinstance(revision, Response):
+        return revision
+    series = host.metrics.get(name, revision.key)
+    series.counts["requests"] += 1
+    if not isinstance(revision, GenerativeRevision):
+        series.counts["client_errors"] += 1
+        return _error(
+            400,
+            "not_generative",
+            f"{name!r} is not a generative model: call POST /v1/endpoints/{name}:predict",
+            param="model",
+        )
+    try:
+        return await chat_api.complete(request, body, name, revision, chat, series)
+    except chat_api.RequestError as exc:
+        failed = exc.code == "generation_failed"
+        if not failed:
+            series.counts["client_errors"] += 1
+        return _error(503 if failed else 400, exc.code, exc.message, param=exc.param)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _openai(request, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    return await _openai(request, chat=False)
 
 
 # -- management ---------------------------------------------------------------------------------
@@ -288,6 +376,16 @@ async def state(request: Request, host: Host) -> Response:
     )
 
 
+def _revision_class(config: dict) -> type[Revision]:
+    """A causal LM's export generates; every other predicts. An unreadable manifest makes a
+    predictive revision, whose load then fails with the reason."""
+    try:
+        runtime = read_manifest(Path(config["export_dir"]), verify=False).get("runtime")
+    except (OSError, ValueError):
+        return Revision
+    return GenerativeRevision if runtime in GENERATIVE_RUNTIMES else Revision
+
+
 @_manager
 async def revision_put(request: Request, host: Host) -> Response:
     key = request.path_params["key"]
@@ -298,7 +396,7 @@ async def revision_put(request: Request, host: Host) -> Response:
     except InputError as exc:
         return _error(exc.status, "invalid", exc.message)
     current = host.revisions.get(key)
-    wanted = Revision(key, config)
+    wanted = _revision_class(config)(key, config)
     if current is not None and current.config == wanted.config and current.state != "failed":
         wanted.pool.shutdown()
         return JSONResponse(current.describe())
@@ -369,6 +467,8 @@ def create_app(secret: str, devices: list[str]) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/endpoints/{name}:predict", predict, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/manage/state", state),

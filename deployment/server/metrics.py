@@ -14,8 +14,18 @@ BUCKETS_MS: list[float] = [round(0.25 * 1.25**i, 3) for i in range(56)]
 
 # requests: every call to a known endpoint; the others count how calls failed: errors (5xx:
 # no revision ready, a predictor failed), client_errors (invalid input), unauthorized (no or a
-# wrong key), rate_limited (429). inputs: texts predicted.
-COUNTERS = ("requests", "inputs", "errors", "client_errors", "unauthorized", "rate_limited")
+# wrong key), rate_limited (429). inputs: texts predicted (generative: completions asked for);
+# prompt_tokens and completion_tokens: what generative endpoints read and wrote.
+COUNTERS = (
+    "requests",
+    "inputs",
+    "errors",
+    "client_errors",
+    "unauthorized",
+    "rate_limited",
+    "prompt_tokens",
+    "completion_tokens",
+)
 
 
 @dataclass
@@ -23,12 +33,17 @@ class Series:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     # One count per bucket plus the overflow bucket.
     latency: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_MS) + 1))
+    # Generative endpoints: time to the first token, on the same buckets.
+    ttft: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_MS) + 1))
 
     def observe(self, latency_ms: float) -> None:
         self.latency[bisect.bisect_left(BUCKETS_MS, latency_ms)] += 1
 
+    def observe_ttft(self, ttft_ms: float) -> None:
+        self.ttft[bisect.bisect_left(BUCKETS_MS, ttft_ms)] += 1
+
     def as_dict(self) -> dict:
-        return {**self.counts, "latency": list(self.latency)}
+        return {**self.counts, "latency": list(self.latency), "ttft": list(self.ttft)}
 
 
 class Metrics:

@@ -63,13 +63,17 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
 class Replica:
     """The parent's handle on one predictor process. ``call`` blocks: run it in a thread."""
 
+    # What the process runs: main(conn, export_dir, device, max_batch_size).
+    target = staticmethod(main)
+    name = "predictor"
+
     def __init__(self, export_dir: str, device: str, max_batch_size: int) -> None:
         self.conn, child = CONTEXT.Pipe()
         self.process = CONTEXT.Process(
-            target=main,
+            target=self.target,
             args=(child, export_dir, device, max_batch_size),
             daemon=True,
-            name="predictor",
+            name=self.name,
         )
         self.process.start()
         child.close()

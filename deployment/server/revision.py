@@ -24,6 +24,9 @@ class Pending:
     future: asyncio.Future
     arrived: float
 
+    def wanted(self) -> bool:
+        return not self.future.done()  # a client that left is skipped
+
 
 class PredictError(Exception):
     """The revision could not answer (a predictor process failed or died)."""
@@ -34,6 +37,8 @@ DEFAULTS = {"device": "cpu", "replicas": 1, "max_batch_size": 32, "max_wait_ms":
 
 
 class Revision:
+    replica_class = Replica
+
     def __init__(self, key: str, config: dict) -> None:
         self.key = key
         self.config = {**DEFAULTS, **config}
@@ -95,7 +100,7 @@ class Revision:
         self.state = "ready"
 
     def _replica(self) -> Replica:
-        return Replica(
+        return self.replica_class(
             str(self.config["export_dir"]), str(self.config["device"]), self.max_batch_size
         )
 
@@ -124,7 +129,7 @@ class Revision:
                 batch.append(await asyncio.wait_for(self.queue.get(), timeout))
             except TimeoutError:
                 break
-        return [p for p in batch if not p.future.done()]  # a client that left is skipped
+        return [p for p in batch if p.wanted()]
 
     async def _serve(self, index: int) -> None:
         loop = asyncio.get_running_loop()

@@ -165,8 +165,9 @@ def bare_predict(export: Path, items: list) -> list[dict]:
 
 
 @pytest.fixture
-def model_version(team, owner, exports, tmp_path):
-    """Register a trained export as a ModelVersion of ``team`` (its files in storage)."""
+def model_version(team, owner, exports, llm_exports, tmp_path):
+    """Register a trained export as a ModelVersion of ``team`` (its files in storage); the
+    generative kinds' exports are the tiny LLaMA's."""
     import shutil
 
     from training import storage
@@ -174,7 +175,8 @@ def model_version(team, owner, exports, tmp_path):
     from training.models import ModelVersion
 
     def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews"):
-        export = exports(kind, seed)
+        generative = kind in ("instruction", "preference")
+        export = llm_exports(kind) if generative else exports(kind, seed)
         staged = tmp_path / uuid.uuid4().hex
         shutil.copytree(export, staged / "export")
         prefix = f"models/{uuid.uuid4().hex}/"
@@ -189,7 +191,7 @@ def model_version(team, owner, exports, tmp_path):
             labels=manifest["labels"],
             backend="paddle",
             runtime=manifest["runtime"],
-            base="ernie-micro-char",
+            base="llama-tiny-char" if generative else "ernie-micro-char",
             manifest=manifest,
             storage_prefix=prefix,
             files=files,

@@ -1,5 +1,7 @@
-// The endpoint page: its traffic charts (the metrics API, polled every 5 s) and the try-it
-// box (the console's predict API, which calls the endpoint as the platform and is counted).
+// The endpoint page: its traffic charts (the metrics API, polled every 5 s), the try-it box
+// (the console's predict API, which calls the endpoint as the platform and is counted) and, for
+// generative endpoints, the chat playground (the console's chat API: server-sent events of
+// OpenAI's chat.completion.chunk, shown token by token).
 (function () {
   "use strict";
   const root = document.getElementById("endpoint");
@@ -30,6 +32,103 @@
     document.getElementById("latency-legend").innerHTML = ["p50", "p95", "p99"]
       .map((k, i) => `<span style="color:${COLOURS[i]}">■ ${k}</span>`).join(" ");
     line(document.getElementById("error-chart"), [pts("error_rate")]);
+    if (root.dataset.generative !== undefined) {
+      set("tokens_per_s", fmt(t.tokens_per_s, 1));
+      set("ttft", `${fmt(t.ttft_p50_ms, 1)} / ${fmt(t.ttft_p95_ms, 1)}`);
+      line(document.getElementById("tokens-chart"), [pts("tokens_per_s")]);
+      line(document.getElementById("ttft-chart"), [withData("ttft_p50_ms"), withData("ttft_p95_ms")], ["p50", "p95"]);
+      document.getElementById("ttft-legend").innerHTML = ["p50", "p95"]
+        .map((k, i) => `<span style="color:${COLOURS[i]}">■ ${k}</span>`).join(" ");
+    }
+  }
+
+  // -- the chat playground ------------------------------------------------------------------
+  const chat = document.getElementById("chat-form");
+  if (chat) {
+    const log = document.getElementById("chat-log");
+    const stats = document.getElementById("chat-stats");
+    let history = [];
+
+    function bubble(role, text) {
+      const el = document.createElement("div");
+      el.className = `chat-turn chat-${role}`;
+      el.dataset.role = role;
+      el.textContent = text;
+      log.appendChild(el);
+      return el;
+    }
+
+    document.getElementById("chat-clear").addEventListener("click", () => {
+      history = [];
+      log.textContent = "";
+      stats.textContent = "";
+    });
+
+    chat.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const input = document.getElementById("chat-input");
+      const text = input.value.trim();
+      if (!text) return;
+      input.value = "";
+      history.push({ role: "user", content: text });
+      bubble("user", text);
+      const reply = bubble("assistant", "");
+      reply.classList.add("streaming");
+      const system = document.getElementById("chat-system").value.trim();
+      const messages = system ? [{ role: "system", content: system }, ...history] : history;
+      const started = performance.now();
+      let first = null;
+      let chunks = 0;
+      let failed = null;
+      const response = await fetch(root.dataset.chatUrl, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
+        body: JSON.stringify({
+          messages: messages,
+          max_tokens: +document.getElementById("chat-max-tokens").value,
+          temperature: +document.getElementById("chat-temperature").value,
+          top_p: +document.getElementById("chat-top-p").value,
+        }),
+      });
+      if (!response.ok) {
+        failed = JSON.stringify(await response.json());
+      } else {
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += decoder.decode(value, { stream: true });
+          let cut;
+          while ((cut = buffer.indexOf("\n\n")) >= 0) {
+            const line = buffer.slice(0, cut).replace(/^data: /, "");
+            buffer = buffer.slice(cut + 2);
+            if (line === "[DONE]") continue;
+            const event = JSON.parse(line);
+            if (event.error) { failed = event.error.message; continue; }
+            const delta = (event.choices && event.choices[0] && event.choices[0].delta) || {};
+            if (delta.content) {
+              if (first === null) first = performance.now();
+              chunks += 1;
+              reply.textContent += delta.content;
+            }
+          }
+        }
+      }
+      reply.classList.remove("streaming");
+      if (failed) {
+        reply.classList.add("error");
+        reply.textContent = failed;
+        history.pop();
+        return;
+      }
+      history.push({ role: "assistant", content: reply.textContent });
+      const total = (performance.now() - started) / 1000;
+      stats.textContent = `TTFT ${first === null ? "–" : Math.round(first - started)} ms · ${chunks} chunks · ${total.toFixed(2)} s`;
+      refresh();
+    });
   }
 
   const form = document.getElementById("try-form");

@@ -1,0 +1,233 @@
+"""The OpenAI-compatible API of generative endpoints: ``POST /v1/chat/completions`` and
+``POST /v1/completions``, with server-sent events when ``stream`` is true.
+
+``model`` names the endpoint; keys, rate limits and the traffic split are the predictive API's
+(``app.admit``). Errors have OpenAI's shape, ``{"error": {"message", "type", "param",
+"code"}}``, so clients such as the ``openai`` package raise their usual exceptions.
+"""
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from deployment.server.generative import GenerativeRevision
+from deployment.server.revision import PredictError
+from training.chat import ROLES, ChatTemplateError
+from training.generation import GenerationRequest
+
+DEFAULT_MAX_TOKENS = 256
+MAX_STOP = 4
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def _text_content(content, i: int) -> str:
+    """A message's content: a string, or OpenAI's list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise RequestError(
+                    "only text content parts are supported", f"messages[{i}].content"
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise RequestError("content must be a string or a list of text parts", f"messages[{i}]")
+
+
+def parse_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError("each message must be an object", f"messages[{i}]")
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        if role not in ROLES:
+            raise RequestError(
+                f"role must be system, user or assistant, not {m.get('role')!r}",
+                f"messages[{i}].role",
+            )
+        out.append({"role": role, "content": _text_content(m.get("content"), i)})
+    return out
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise RequestError(f"{name} must be a number from {low:g} to {high:g}", name)
+    return float(value)
+
+
+def sampling(body: dict, prompt_tokens: int, context_length: int) -> dict:
+    """max_tokens, temperature, top_p, stop and seed of a request, checked."""
+    room = context_length - prompt_tokens
+    if room < 1:
+        raise RequestError(
+            f"the prompt has {prompt_tokens} tokens; this model's context is {context_length}",
+            "messages",
+            "context_length_exceeded",
+        )
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, room)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise RequestError("max_tokens must be a positive integer", "max_tokens")
+    if max_tokens > room:
+        raise RequestError(
+            f"max_tokens {max_tokens} and the prompt's {prompt_tokens} tokens exceed this "
+            f"model's context of {context_length}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise RequestError(f"stop must be a string or a list of up to {MAX_STOP}", "stop")
+    if body.get("n", 1) != 1:
+        raise RequestError("n must be 1", "n")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RequestError("seed must be an integer", "seed")
+    return {
+        "max_tokens": max_tokens,
+        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 1.0, 1e-6, 1.0),
+        "stop": stop,
+        "seed": seed,
+    }
+
+
+def _sse(data) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n"
+
+
+async def complete(
+    request: Request, body: dict, name: str, revision: GenerativeRevision, chat: bool, series
+) -> Response:
+    """Generate for one chat or completions request: one JSON answer, or an event stream."""
+    started = time.perf_counter()
+    tokenizer = revision.tokenizer
+    try:
+        if chat:
+            prompt_ids = tokenizer.prompt_ids(parse_messages(body))
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if not isinstance(prompt, str) or not prompt:
+                raise RequestError("prompt must be a non-empty string", "prompt")
+            prompt_ids = tokenizer.encode(prompt)
+        params = sampling(body, len(prompt_ids), revision.context_length)
+    except ChatTemplateError as exc:
+        raise RequestError(str(exc), "messages") from None
+    stream = bool(body.get("stream"))
+    options = body.get("stream_options") or {}
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    generation = GenerationRequest(prompt_ids, **params)
+    deltas = revision.stream(generation)
+    created = int(time.time())
+    kind = "chatcmpl" if chat else "cmpl"
+    ident = f"{kind}-{uuid.uuid4().hex}"
+    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": 0, "total_tokens": 0}
+    series.counts["inputs"] += 1
+    series.counts["prompt_tokens"] += len(prompt_ids)
+
+    def finish(completion_tokens: int, first_token_at: float | None) -> None:
+        usage["completion_tokens"] = completion_tokens
+        usage["total_tokens"] = len(prompt_ids) + completion_tokens
+        series.counts["completion_tokens"] += completion_tokens
+        series.observe((time.perf_counter() - started) * 1000)
+        if first_token_at is not None:
+            series.observe_ttft((first_token_at - started) * 1000)
+
+    def choice(text: str, reason: str | None, streaming: bool) -> dict:
+        if not chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        if streaming:
+            return {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": reason}
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
+
+    def envelope(choices: list, **extra) -> dict:
+        obj = "chat.completion" if chat else "text_completion"
+        if stream and chat:
+            obj = "chat.completion.chunk"
+        return {
+            "id": ident,
+            "object": obj,
+            "created": created,
+            "model": name,
+            "system_fingerprint": revision.key,
+            "choices": choices,
+            **extra,
+        }
+
+    if not stream:
+        text, reason, tokens, first = "", None, 0, None
+        try:
+            async for d in deltas:
+                if first is None:
+                    first = time.perf_counter()
+                text += d.text
+                reason, tokens = d.finish_reason, d.completion_tokens
+        except PredictError as exc:
+            series.counts["errors"] += 1
+            raise RequestError(str(exc), None, "generation_failed") from None
+        finish(tokens, first)
+        return JSONResponse(
+            envelope([choice(text, reason, False)], usage=usage),
+            headers={"X-Revision": revision.key},
+        )
+
+    async def events() -> AsyncIterator[str]:
+        first, tokens = None, 0
+        if chat:
+            opening = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+            yield _sse(envelope([{**opening, "finish_reason": None}]))
+        try:
+            async for d in deltas:
+                if first is None:
+                    first = time.perf_counter()
+                tokens = d.completion_tokens
+                if d.text:
+                    yield _sse(envelope([choice(d.text, None, True)]))
+                if d.finish_reason:
+                    yield _sse(envelope([choice("", d.finish_reason, True)]))
+        except PredictError as exc:
+            series.counts["errors"] += 1
+            yield _sse({"error": {"message": str(exc), "type": "server_error", "code": None}})
+            return
+        finish(tokens, first)
+        if include_usage:
+            yield _sse(envelope([], usage=usage))
+        yield _sse("[DONE]")
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"X-Revision": revision.key, "Cache-Control": "no-cache"},
+    )

@@ -1,0 +1,163 @@
+"""A generative revision on the serving host: causal-LM processes that generate for batches of
+requests and stream each request's text as it grows.
+
+Requests wait in one queue. When a process is free, its loop takes the oldest request and
+more until ``max_batch_size`` are in hand or ``max_wait_ms`` has passed since the oldest
+arrived, and generates for them together (``training.generation``: static batching, each
+request ending on its own stop). Each step's deltas come back over the pipe and go to the
+requests' own queues, which the HTTP handlers stream from. Requests that arrive meanwhile wait
+for the next batch.
+"""
+
+import asyncio
+import os
+import time
+import traceback
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from deployment.server.replica import Replica
+from deployment.server.revision import PredictError, Revision
+from training.chat import ChatTokenizer
+from training.generation import Delta, GenerationRequest
+
+
+def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
+    """The generation process: load, warm up with a full batch, then generate per message."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        from training.generation import Generator
+
+        started = time.perf_counter()
+        generator = Generator(Path(export_dir), device)
+        prompt = generator.chat_prompt([{"role": "user", "content": "预热"}])
+        generator.generate(
+            [GenerationRequest(prompt, max_tokens=4, temperature=0)] * max_batch_size
+        )
+        conn.send(("ready", {"load_s": round(time.perf_counter() - started, 3)}))
+    except Exception as exc:
+        traceback.print_exc()
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        if batch is None:
+            return
+        try:
+            requests = [GenerationRequest(**r) for r in batch]
+            generator.generate(
+                requests, lambda deltas: conn.send(("step", [asdict(d) for d in deltas]))
+            )
+            conn.send(("done", None))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class GenerationReplica(Replica):
+    target = staticmethod(main)
+    name = "generator"
+
+    def generate(self, requests: list[dict], on_step) -> None:
+        """Send one batch and pass each step's deltas to ``on_step`` until it is done."""
+        with self.lock:
+            try:
+                self.conn.send(requests)
+                while True:
+                    kind, payload = self.conn.recv()
+                    if kind == "step":
+                        on_step([Delta(**d) for d in payload])
+                    elif kind == "done":
+                        return
+                    else:
+                        raise RuntimeError(payload)
+            except (EOFError, OSError, BrokenPipeError):
+                raise RuntimeError(
+                    f"the generation process died (exit code {self.process.exitcode})"
+                ) from None
+
+
+class Waiting:
+    """A request in the revision's queue, and the queue its deltas go to."""
+
+    def __init__(self, request: GenerationRequest, arrived: float) -> None:
+        self.request = request
+        self.arrived = arrived
+        self.deltas: asyncio.Queue = asyncio.Queue()
+
+    def wanted(self) -> bool:
+        return True
+
+
+class GenerativeRevision(Revision):
+    """Generation instead of prediction; loading, readiness, restarts and unloading are the
+    predictive revision's."""
+
+    replica_class = GenerationReplica
+
+    def __init__(self, key: str, config: dict) -> None:
+        super().__init__(key, config)
+        self.tokenizer: ChatTokenizer | None = None
+        self.context_length = 0
+        self.next_id = 0
+
+    async def load(self) -> None:
+        await super().load()
+        if self.state == "ready":
+            import json
+
+            export_dir = Path(self.config["export_dir"])
+            self.tokenizer = ChatTokenizer(export_dir)
+            config = json.loads((export_dir / "config.json").read_text("utf-8"))
+            self.context_length = int(config.get("max_position_embeddings") or 2048)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """The request's deltas as its batch generates them; the last has ``finish_reason``."""
+        self.next_id += 1
+        request.id = self.next_id
+        waiting = Waiting(request, time.monotonic())
+        self.queue.put_nowait(waiting)
+        while True:
+            item = await waiting.deltas.get()
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                return
+
+    async def _serve(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            if not batch:
+                continue
+            replica = self.replicas[index]
+            self.batches += 1
+            self.batched_inputs += len(batch)
+            by_id = {w.request.id: w for w in batch}
+
+            def on_step(deltas: list[Delta], by_id=by_id) -> None:
+                for d in deltas:
+                    loop.call_soon_threadsafe(by_id[d.id].deltas.put_nowait, d)
+
+            requests = [asdict(w.request) for w in batch]
+            try:
+                await loop.run_in_executor(self.pool, replica.generate, requests, on_step)
+            except asyncio.CancelledError:
+                for w in batch:
+                    w.deltas.put_nowait(PredictError("the revision was unloaded"))
+                raise
+            except RuntimeError as exc:
+                for w in batch:
+                    loop.call_soon_threadsafe(w.deltas.put_nowait, PredictError(str(exc)))
+                if not replica.alive:
+                    await self._restart(index)
+
+    async def unload(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait().deltas.put_nowait(PredictError("the revision was unloaded"))
+        await super().unload()
