@@ -1,0 +1,258 @@
+"""Generation speed: one exported causal LM, in one run, generating for 8 concurrent requests
+
+    .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T]
+
+(a) bare: ``training.generation.Generator`` in a process of its own (the runtime venv) on one
+    batch of the 8 prompts, one math thread as the host's generation process has: the limit;
+(b) endpoint: the serving host (``python -m deployment.server``) with one revision of one
+    generation process (max_batch_size 8, max_wait_ms 20), called over HTTP by 8 concurrent
+    clients, each streaming one chat completion (``"stream": true``) of the same prompts.
+
+Both generate the same tokens: temperature 0, the same prompts and ``max_tokens``, and the
+model is trained for one epoch only, so that it rarely ends a reply before its token limit
+(each request of (b) still ends on its own stop, as in (a)). The model is the LLaMA
+architecture at a size where a step costs what it costs on a real model's small end (hidden
+256, 4 layers, a character vocabulary), fine-tuned on sums in words by the real job runner.
+
+Rounds alternate (a) and (b), so that other work on the machine weighs on both alike; the
+figures are medians over rounds. Tokens/s count the completion tokens of the 8 requests over
+the wall time from the first request to the last token; time to first token runs from a
+client's sending its request to reading the first content chunk.
+
+Aim: endpoint / bare ≥ 0.7. Ends with one JSON line: bare_tokens_per_s,
+endpoint_tokens_per_s, ratio, ttft_p50_ms.
+"""
+
+import argparse
+import http.client
+import json
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from serving import ROOT, Host, runtime_env, runtime_python
+
+CLIENTS = 8
+ARCH = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 688,
+}
+QUESTIONS = [
+    f"请问{a}加{b}等于几？请写出计算过程。" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8))
+] * 2
+
+# The bare engine, in the runtime venv: argv = export dir, max_tokens. Prints "ready", then
+# per line on stdin one JSON line: the tokens/s of generating for the batch of prompts.
+BARE = r"""
+import json, sys, time
+from pathlib import Path
+from training.generation import Generator, GenerationRequest
+g = Generator(Path(sys.argv[1]))
+questions = json.loads(sys.argv[3])
+def batch():
+    return [GenerationRequest(g.chat_prompt([{"role": "user", "content": q}]),
+            max_tokens=int(sys.argv[2]), temperature=0) for q in questions]
+g.generate(batch())  # warm-up
+print("ready", flush=True)
+for _ in sys.stdin:
+    started = time.perf_counter()
+    texts = g.generate(batch())
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(g.tokenizer.encode(t)) for t in texts)
+    print(json.dumps({"tokens": tokens, "seconds": elapsed}), flush=True)
+"""
+
+
+def train(workdir: Path) -> Path:
+    """The LLaMA architecture at ARCH's size, fine-tuned (LoRA) for one epoch on sums."""
+    sys.path.insert(0, str(ROOT))
+    from training.presets import recommended
+    from training.spec import JobSpec
+
+    data = workdir / "data"
+    data.mkdir(parents=True)
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"请问{a}加{b}等于几？请写出计算过程。"},
+                {"role": "assistant", "content": f"{a}加{b}，先数{a}个，再数{b}个，等于{a + b}。"},
+            ]
+        }
+        for a in range(1, 10)
+        for b in range(1, 10)
+    ]
+    for split, part in (("train", rows[:72]), ("dev", rows[72:])):
+        (data / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), "utf-8"
+        )
+    hp = recommended("instruction", preset="llama-tiny-char")
+    hp.epochs, hp.eval_generations, hp.checkpoint_steps = 1, 0, 0
+    JobSpec(
+        job_id=1,
+        task_kind="instruction",
+        labels=[],
+        preset="llama-tiny-char",
+        model_config=ARCH,
+        hyperparameters=hp,
+    ).save(workdir)
+    proc = subprocess.run(
+        [runtime_python(), "-m", "training.run", str(workdir)],
+        cwd=ROOT,
+        env=runtime_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode:
+        sys.exit(f"training failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return workdir / "export"
+
+
+class Bare:
+    def __init__(self, export: Path, max_tokens: int, log: Path) -> None:
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [
+                    runtime_python(),
+                    "-c",
+                    BARE,
+                    str(export),
+                    str(max_tokens),
+                    json.dumps(QUESTIONS, ensure_ascii=False),
+                ],
+                cwd=ROOT,
+                env=runtime_env(OMP_NUM_THREADS="1"),  # as the host's generation process
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        if self.proc.stdout.readline().strip() != "ready":
+            sys.exit(f"the bare engine did not load:\n{log.read_text()[-3000:]}")
+
+    def measure(self) -> float:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        result = json.loads(self.proc.stdout.readline())
+        return result["tokens"] / result["seconds"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def stream_one(port: int, api_key: str, question: str, max_tokens: int, out: dict) -> None:
+    """One streamed chat completion: the time of its first content chunk, its tokens."""
+    body = json.dumps(
+        {
+            "model": "bench",
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        ensure_ascii=False,
+    ).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    sent = time.perf_counter()
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body,
+        {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+    )
+    response = conn.getresponse()
+    if response.status != 200:
+        sys.exit(f"the endpoint answered {response.status}: {response.read()[:500]!r}")
+    first = None
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if event.get("usage"):
+            out["tokens"] = event["usage"]["completion_tokens"]
+        elif first is None and event["choices"] and event["choices"][0]["delta"].get("content"):
+            first = time.perf_counter()
+    out["ttft_ms"] = (first - sent) * 1000 if first else None
+    out["done"] = time.perf_counter()
+    conn.close()
+
+
+def endpoint_round(port: int, api_key: str, max_tokens: int) -> tuple[float, list[float]]:
+    outs = [{} for _ in QUESTIONS]
+    threads = [
+        threading.Thread(target=stream_one, args=(port, api_key, q, max_tokens, o))
+        for q, o in zip(QUESTIONS, outs, strict=True)
+    ]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = max(o["done"] for o in outs) - started
+    return sum(o["tokens"] for o in outs) / elapsed, [o["ttft_ms"] for o in outs if o["ttft_ms"]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
+        tmp = Path(tmp)
+        print("training the model (LLaMA architecture, hidden 256, 4 layers) …", flush=True)
+        export = train(tmp / "job")
+        bare = Bare(export, args.max_tokens, tmp / "bare.log")
+        host = Host(tmp / "host.log")
+        try:
+            host.load("rev-bench", export, max_batch_size=CLIENTS, max_wait_ms=20)
+            api_key = "mpe_" + secrets.token_urlsafe(24)
+            host.route("rev-bench", api_key)
+            endpoint_round(host.port, api_key, args.max_tokens)  # warm-up
+            bare_rates, endpoint_rates, ttfts = [], [], []
+            for i in range(args.rounds):
+                bare_rates.append(bare.measure())
+                rate, ttft = endpoint_round(host.port, api_key, args.max_tokens)
+                endpoint_rates.append(rate)
+                ttfts += ttft
+                print(
+                    f"round {i + 1}: bare {bare_rates[-1]:.1f} tokens/s, endpoint {rate:.1f} "
+                    f"tokens/s, TTFT p50 {statistics.median(ttft):.1f} ms",
+                    flush=True,
+                )
+            described = host.manage("GET", "/manage/state")["revisions"]["rev-bench"]
+            print(
+                f"the endpoint generated {described['batched_inputs']} requests in "
+                f"{described['batches']} batches",
+                flush=True,
+            )
+        finally:
+            bare.close()
+            host.stop()
+    bare_rate = statistics.median(bare_rates)
+    endpoint_rate = statistics.median(endpoint_rates)
+    print(
+        json.dumps(
+            {
+                "bare_tokens_per_s": round(bare_rate, 1),
+                "endpoint_tokens_per_s": round(endpoint_rate, 1),
+                "ratio": round(endpoint_rate / bare_rate, 3),
+                "ttft_p50_ms": round(statistics.median(ttfts), 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
