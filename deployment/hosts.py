@@ -53,10 +53,15 @@ class HostClient:
 
     def predict(self, endpoint: str, body: dict) -> tuple[int, dict]:
         """Call the inference API as the platform (the console's try-it, pre-annotation)."""
+        return self._infer(f"/v1/endpoints/{endpoint}:predict", body)
+
+    def chat(self, body: dict) -> tuple[int, dict]:
+        """A chat completion as the platform (pre-annotation drafts), not streamed."""
+        return self._infer("/v1/chat/completions", {**body, "stream": False})
+
+    def _infer(self, path: str, body: dict) -> tuple[int, dict]:
         try:
-            response = self.session.post(
-                f"{self.url}/v1/endpoints/{endpoint}:predict", json=body, timeout=(3.0, 60.0)
-            )
+            response = self.session.post(self.url + path, json=body, timeout=(3.0, 120.0))
         except requests.RequestException as exc:
             raise HostError(f"{self.url} is unreachable: {type(exc).__name__}") from exc
         try:

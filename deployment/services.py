@@ -600,6 +600,10 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
 
 # -- calling an endpoint as the platform -------------------------------------------------------
 
+# A draft's score: a chat endpoint gives no confidence, so every draft ranks alike.
+DRAFT_SCORE = 0.5
+DRAFT_MAX_TOKENS = 512
+
 
 def endpoint_predict(*, endpoint: Endpoint, inputs: list, top_k: int = 5) -> tuple[int, dict]:
     """The endpoint's answer to ``inputs`` (the console's try-it box, pre-annotation), from the
@@ -667,6 +671,13 @@ def preannotate_start(
         )
     if project.ls_project_id is None:
         raise ValidationError(_("The project is not in Label Studio yet."))
+    if kind == "preference":
+        raise ValidationError(
+            _(
+                "Pre-annotation drafts the responses of instruction projects; people compare "
+                "the pairs of preference projects."
+            )
+        )
     audit_record(
         action="labeling_project.preannotate_start",
         actor=actor,
@@ -675,6 +686,66 @@ def preannotate_start(
         data={"endpoint": endpoint.name},
     )
     transaction.on_commit(lambda: tasks.preannotate_labeling_project.delay(project.pk, endpoint.pk))
+
+
+def endpoint_chat_complete(*, endpoint: Endpoint, messages: list[dict]) -> str:
+    """A generative endpoint's reply to ``messages`` (greedy), from the first reachable host."""
+    errors = []
+    body = {"model": endpoint.name, "messages": messages, "temperature": 0}
+    for url in settings.SERVING_HOSTS:
+        try:
+            status, answer = HostClient(url).chat({**body, "max_tokens": DRAFT_MAX_TOKENS})
+            if status == 400 and answer.get("error", {}).get("param") == "max_tokens":
+                status, answer = HostClient(url).chat(body)  # the model's context is shorter
+        except HostError as exc:
+            errors.append(str(exc))
+            continue
+        if status != 200:
+            message = answer.get("error", {}).get("message", "")
+            raise HostError(f"{endpoint.name} answered {status}: {message}")
+        return answer["choices"][0]["message"]["content"]
+    raise HostError("; ".join(errors) or _("No serving host is configured."))
+
+
+def _draft_responses(project: LabelingProject, endpoint: Endpoint, numbers, rows) -> int:
+    """Drafts of the responses that nobody wrote yet, generated concurrently (the serving
+    host batches them) and imported as predictions for annotators to correct."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from labeling.task_kinds import prompt_turns
+
+    revision = endpoint.stable_revision
+    workers = max(1, min(32, revision.max_batch_size if revision else 8))
+    done = 0
+    for start in range(0, len(numbers), workers * 4):
+        chunk = numbers[start : start + workers * 4]
+
+        def draft(n: int) -> str:
+            return endpoint_chat_complete(
+                endpoint=endpoint, messages=prompt_turns(rows[n]["messages"])
+            )
+
+        with ThreadPoolExecutor(workers) as pool:
+            drafts = list(pool.map(draft, chunk))
+        predictions = [
+            {
+                "row": n,
+                "value": {
+                    "messages": [
+                        *prompt_turns(rows[n]["messages"]),
+                        {"role": "assistant", "content": text},
+                    ]
+                },
+                "score": DRAFT_SCORE,
+            }
+            for n, text in zip(chunk, drafts, strict=True)
+            if text.strip()
+        ]
+        if predictions:
+            done += labeling_project_preannotate(
+                project=project, predictions=predictions, model_version=endpoint.name
+            )
+    return done
 
 
 def preannotate_run(project_id: int, endpoint_id: int, batch_size: int | None = None) -> int:
@@ -689,6 +760,8 @@ def preannotate_run(project_id: int, endpoint_id: int, batch_size: int | None = 
     labeled = set(project.annotations.values_list("task__row", flat=True))
     rows_wanted = sorted(set(project.tasks.values_list("row", flat=True)) - labeled)
     rows = labeling_selectors.rows_by_number(project.source_version, set(rows_wanted))
+    if kind == "instruction":
+        return _draft_responses(project, endpoint, rows_wanted, rows)
     size = batch_size or endpoint.max_inputs
     done = 0
     for start in range(0, len(rows_wanted), size):

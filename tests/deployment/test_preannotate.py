@@ -74,3 +74,63 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
     theirs.team = other
     with pytest.raises(ValidationError, match="another team"):
         services.preannotate_start(actor=owner, project=project, endpoint=theirs)
+
+
+def test_a_chat_model_drafts_the_responses_annotators_correct(
+    db, fresh_host, owner, team, model_version
+):
+    """Instruction rows that await a response get the deployed chat model's draft as a
+    prediction in Label Studio; the annotator's correction is what the export keeps."""
+    from tests.conftest import make_jsonl_version
+
+    dataset = labeling_services.dataset_create(
+        actor=owner, team=team, name="问答", task_kind="instruction"
+    )
+    rows = [
+        {"messages": [{"role": "user", "content": "3加4等于几？"}]},
+        {"messages": [{"role": "user", "content": "5加2等于几？"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "1加1等于几？"},
+                {"role": "assistant", "content": "1加1等于2。"},
+            ]
+        },
+    ]
+    version = make_jsonl_version(dataset, owner, rows, {"messages": "messages"})
+    project = labeling_services.labeling_project_create(
+        actor=owner, version=version, name="写回答", selection="unlabeled"
+    )
+    project = labeling_services.labeling_project_push(project.pk)
+    assert project.tasks.count() == 2
+
+    endpoint = services.endpoint_deploy(
+        actor=owner, team=team, model_version=model_version("instruction", name="helper")
+    )
+    converge(fresh_host, endpoint)
+    services.preannotate_start(actor=owner, project=project, endpoint=endpoint)
+    assert services.preannotate_run(project.pk, endpoint.pk) == 2
+    drafts = {}
+    for task in label_studio.client().tasks.list(project=project.ls_project_id, fields="all"):
+        for p in task.predictions:
+            data = p.model_dump() if hasattr(p, "model_dump") else p
+            drafts[task.data["platform_row"]] = data["result"][0]["value"]["text"][0]
+    expected = services.endpoint_chat_complete(
+        endpoint=endpoint, messages=[{"role": "user", "content": "3加4等于几？"}]
+    )
+    assert drafts[1] == expected and "等于" in drafts[1]
+
+    pairs = labeling_services.dataset_create(
+        actor=owner, team=team, name="偏好", task_kind="preference"
+    )
+    pair_version = make_jsonl_version(
+        pairs,
+        owner,
+        [{"prompt": "问", "response_a": "甲", "response_b": "乙"}],
+        {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b"},
+    )
+    pair_project = labeling_services.labeling_project_create(
+        actor=owner, version=pair_version, name="比较"
+    )
+    pair_project.ls_project_id = 1
+    with pytest.raises(ValidationError, match="serves instruction models"):
+        services.preannotate_start(actor=owner, project=pair_project, endpoint=endpoint)

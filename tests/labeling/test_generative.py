@@ -11,6 +11,7 @@ import pytest
 from labeling import consensus
 from labeling.pipeline import ImportOptions, run_import
 from labeling.task_kinds import RowError, schema_for
+from tests.labeling.test_label_studio import needs_label_studio
 
 
 def jsonl(records: list[dict]) -> bytes:
@@ -198,3 +199,77 @@ def test_answers_of_several_annotators_become_one():
         ][0]["items"]
         == 2
     )
+
+
+@needs_label_studio
+def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, team):
+    """Annotators write a response (and rate it) and pick the better of two responses in the
+    real Label Studio; the exports are an instruction and a preference version."""
+    from django.core.files.storage import default_storage
+
+    from labeling import label_studio, services
+    from tests.conftest import make_jsonl_version
+    from tests.labeling.test_sync import task_ids
+
+    def exported_rows(project):
+        services.labeling_project_sync(project.pk)
+        job = services.labeling_project_export(actor=owner, project=project, rule="majority")
+        job = services.import_run(job.pk)
+        assert job.version is not None, job.error
+        with default_storage.open(job.version.data_file, "rb") as f:
+            return [json.loads(line) for line in f]
+
+    ls = label_studio.client()
+    dataset = services.dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
+    waiting = {"messages": [{"role": "user", "content": "写一句秋天的诗"}]}
+    version = make_jsonl_version(dataset, owner, [waiting], {"messages": "messages"})
+    project = services.labeling_project_push(
+        services.labeling_project_create(actor=owner, version=version, name="写回答").pk
+    )
+    ls.annotations.create(
+        id=task_ids(project)[1],
+        result=[
+            {
+                "from_name": "response",
+                "to_name": "dialogue",
+                "type": "textarea",
+                "value": {"text": ["秋风起兮白云飞。"]},
+            },
+            {
+                "from_name": "rating",
+                "to_name": "dialogue",
+                "type": "rating",
+                "value": {"rating": 5},
+            },
+        ],
+    )
+    rows = exported_rows(project)
+    assert rows[0]["messages"] == [
+        *waiting["messages"],
+        {"role": "assistant", "content": "秋风起兮白云飞。"},
+    ]
+
+    pairs = services.dataset_create(actor=owner, team=team, name="偏好", task_kind="preference")
+    pair = {"prompt": "推荐一本书", "response_a": "不知道", "response_b": "《红楼梦》"}
+    pair_version = make_jsonl_version(pairs, owner, [pair], {k: k for k in pair})
+    pair_project = services.labeling_project_push(
+        services.labeling_project_create(actor=owner, version=pair_version, name="比较").pk
+    )
+    ls.annotations.create(
+        id=task_ids(pair_project)[1],
+        result=[
+            {
+                "from_name": "preference",
+                "to_name": "response_a",
+                "type": "pairwise",
+                "value": {"selected": "right"},
+            }
+        ],
+    )
+    rows = exported_rows(pair_project)
+    assert {k: rows[0][k] for k in ("prompt", "chosen", "rejected")} == {
+        "prompt": "推荐一本书",
+        "chosen": "《红楼梦》",
+        "rejected": "不知道",
+    }
+    assert "response_a" not in rows[0]
