@@ -2,6 +2,7 @@ from django import forms
 from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
+from deployment.server.engines import BUILTIN, ENGINES
 from training.models import ModelVersion
 
 
@@ -13,6 +14,12 @@ class KnobsForm(forms.Form):
     )
     max_wait_ms = forms.FloatField(
         min_value=0, max_value=1000, initial=5.0, label=_("Max wait (ms)")
+    )
+    engine = forms.ChoiceField(
+        choices=[(BUILTIN, _("the platform's own")), *((e, e) for e in ENGINES)],
+        initial=BUILTIN,
+        label=_("Engine"),
+        help_text=_("Large models only: an LLM engine installed on the serving hosts."),
     )
 
 

@@ -87,6 +87,8 @@ class Revision(models.Model):
     max_wait_ms = models.FloatField(
         _("max wait (ms)"), default=5.0, validators=[MinValueValidator(0), MaxValueValidator(1000)]
     )
+    # "builtin": the platform's own processes; or an LLM engine of the node (vLLM, FastDeploy).
+    engine = models.CharField(_("engine"), max_length=32, default="builtin")
     # The stable revision this one replaced when it was promoted: a rollback returns to it.
     replaced = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

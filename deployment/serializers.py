@@ -32,6 +32,7 @@ class RevisionSerializer(serializers.ModelSerializer):
             "device_type",
             "max_batch_size",
             "max_wait_ms",
+            "engine",
             "placements",
             "created_at",
             "promoted_at",
@@ -77,6 +78,9 @@ class KnobsSerializer(serializers.Serializer):
     replicas = serializers.IntegerField(default=1)
     max_batch_size = serializers.IntegerField(default=32)
     max_wait_ms = serializers.FloatField(default=5.0)
+    engine = serializers.CharField(
+        default="builtin", help_text="builtin, or an LLM engine of the hosts: vllm, fastdeploy"
+    )
 
 
 class DeploySerializer(KnobsSerializer):

@@ -35,11 +35,13 @@ from deployment.models import (
     Revision,
     ServingHost,
 )
+from deployment.server.engines import BUILTIN, ENGINES
 from deployment.server.metrics import COUNTERS
 from labeling import selectors as labeling_selectors
 from labeling.models import LabelingProject
 from labeling.services import labeling_project_preannotate
 from training import storage
+from training.data import OBJECTIVES
 from training.models import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -57,9 +59,29 @@ def _converge_soon() -> None:
 # -- endpoints and rollout ---------------------------------------------------------------------
 
 
-def _check_knobs(device_type: str, replicas: int, max_batch_size: int, max_wait_ms: float):
+def _check_knobs(
+    device_type: str,
+    replicas: int,
+    max_batch_size: int,
+    max_wait_ms: float,
+    engine: str = BUILTIN,
+    version: ModelVersion | None = None,
+):
     if device_type not in profiles():
         raise ValidationError(_("Unknown device type %(d)s.") % {"d": device_type})
+    if engine != BUILTIN:
+        if engine not in ENGINES:
+            raise ValidationError(
+                _("Unknown engine %(e)s; engines: %(all)s.")
+                % {"e": engine, "all": ", ".join([BUILTIN, *ENGINES])}
+            )
+        if version is not None and version.task_kind not in OBJECTIVES:
+            raise ValidationError(_("Only large models run on an LLM engine."))
+        if device_type not in ENGINES[engine]["devices"]:
+            raise ValidationError(
+                _("%(e)s serves %(devices)s, not %(d)s.")
+                % {"e": engine, "devices": ", ".join(ENGINES[engine]["devices"]), "d": device_type}
+            )
     if not 1 <= replicas <= 16:
         raise ValidationError(_("Replicas must be between 1 and 16."))
     if not 1 <= max_batch_size <= 256:
@@ -123,10 +145,11 @@ def endpoint_deploy(
     max_batch_size: int = 32,
     max_wait_ms: float = 5.0,
     max_inputs: int = 64,
+    engine: str = BUILTIN,
 ) -> Endpoint:
     """A new endpoint serving ``model_version`` with all of its traffic."""
     _check_version(team, model_version)
-    _check_knobs(device_type, replicas, max_batch_size, max_wait_ms)
+    _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
     if not 1 <= max_inputs <= 256:
         raise ValidationError(_("Inputs per request must be between 1 and 256."))
     endpoint = Endpoint.objects.create(
@@ -146,6 +169,7 @@ def endpoint_deploy(
         replicas=replicas,
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
+        engine=engine,
     )
     revision.promoted_at = timezone.now()
     revision.save(update_fields=["promoted_at"])
@@ -190,11 +214,12 @@ def revision_add(
     replicas: int = 1,
     max_batch_size: int = 32,
     max_wait_ms: float = 5.0,
+    engine: str = BUILTIN,
 ) -> Revision:
     """A canary: ``model_version`` takes ``weight`` % of the traffic once it is ready."""
     endpoint = _lock(endpoint)
     _check_version(endpoint.team, model_version, endpoint.task_kind)
-    _check_knobs(device_type, replicas, max_batch_size, max_wait_ms)
+    _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
     if not 0 <= weight <= 100:
         raise ValidationError(_("A traffic share is between 0 and 100 %."))
     revision = _new_revision(
@@ -206,6 +231,7 @@ def revision_add(
         replicas=replicas,
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
+        engine=engine,
     )
     _rebalance(endpoint)
     audit_record(
@@ -401,6 +427,8 @@ def revision_config(revision: Revision) -> dict:
         "replicas": revision.replicas,
         "max_batch_size": revision.max_batch_size,
         "max_wait_ms": float(revision.max_wait_ms),
+        # An external engine's own server instead of the platform's processes.
+        **({"engine": revision.engine} if revision.engine != BUILTIN else {}),
     }
 
 

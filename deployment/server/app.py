@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from deployment.server import chat_api
+from deployment.server import chat_api, engines
+from deployment.server.engines import EngineRevision
 from deployment.server.generative import GenerativeRevision
 from deployment.server.metrics import BUCKETS_MS, Metrics
 from deployment.server.revision import PredictError, Revision
@@ -255,7 +256,7 @@ async def predict(request: Request) -> Response:
     if isinstance(revision, Response):
         return revision
     route = host.endpoints[name]
-    if isinstance(revision, GenerativeRevision):
+    if isinstance(revision, GenerativeRevision | EngineRevision):
         return _error(
             400,
             "generative_endpoint",
@@ -312,6 +313,12 @@ async def _openai(request: Request, chat: bool) -> Response:
         return revision
     series = host.metrics.get(name, revision.key)
     series.counts["requests"] += 1
+    if isinstance(revision, EngineRevision):
+        try:
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            return await chat_api.proxy(body, path, name, revision, series)
+        except chat_api.RequestError as exc:
+            return _error(503, exc.code, exc.message)
     if not isinstance(revision, GenerativeRevision):
         series.counts["client_errors"] += 1
         return _error(
@@ -367,6 +374,7 @@ async def state(request: Request, host: Host) -> Response:
             "boot_id": host.boot_id,
             "started_at": host.started_at,
             "devices": host.devices,
+            "engines": engines.installed(),
             "revisions": {k: r.describe() for k, r in host.revisions.items()},
             "endpoints": {
                 name: {"revisions": r.revisions, "keys": len(r.keys), "max_inputs": r.max_inputs}
@@ -379,6 +387,8 @@ async def state(request: Request, host: Host) -> Response:
 def _revision_class(config: dict) -> type[Revision]:
     """A causal LM's export generates; every other predicts. An unreadable manifest makes a
     predictive revision, whose load then fails with the reason."""
+    if config.get("engine") not in (None, "", engines.BUILTIN):
+        return engines.EngineRevision
     try:
         runtime = read_manifest(Path(config["export_dir"]), verify=False).get("runtime")
     except (OSError, ValueError):

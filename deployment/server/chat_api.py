@@ -231,3 +231,79 @@ async def complete(
         media_type="text/event-stream",
         headers={"X-Revision": revision.key, "Cache-Control": "no-cache"},
     )
+
+
+async def proxy(body: dict, path: str, name: str, revision, series) -> Response:
+    """Pass a request to the revision's external engine (``engines.EngineRevision``) and its
+    answer back, streamed or not, under the endpoint's name; tokens and time to first token
+    are counted from what the engine reports."""
+    import httpx
+
+    started = time.perf_counter()
+    client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=3.0))
+    try:
+        response = await client.send(
+            client.build_request("POST", revision.url + path, json={**body, "model": revision.key}),
+            stream=True,
+        )
+    except httpx.HTTPError as exc:
+        await client.aclose()
+        series.counts["errors"] += 1
+        raise RequestError(
+            f"the {revision.engine} engine is unreachable: {exc}", None, "generation_failed"
+        ) from None
+    series.counts["inputs"] += 1
+
+    def account(event: dict, first_at: float | None) -> None:
+        usage = event.get("usage") or {}
+        series.counts["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+        series.counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+
+    if not body.get("stream"):
+        try:
+            raw = await response.aread()
+        finally:
+            await response.aclose()
+            await client.aclose()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = {
+                "error": {"message": raw[:500].decode(errors="replace"), "type": "server_error"}
+            }
+        if isinstance(data, dict) and "model" in data:
+            data["model"] = name
+            account(data, None)
+        series.observe((time.perf_counter() - started) * 1000)
+        return JSONResponse(data, response.status_code, headers={"X-Revision": revision.key})
+
+    async def events() -> AsyncIterator[str]:
+        first = None
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line.strip() == "data: [DONE]":
+                    yield _sse("[DONE]")
+                    continue
+                event = json.loads(line[6:])
+                if isinstance(event, dict):
+                    event["model"] = name if "model" in event else event.get("model")
+                    choices = event.get("choices") or []
+                    if first is None and choices and (choices[0].get("delta") or {}).get("content"):
+                        first = time.perf_counter()
+                    account(event, first)
+                yield _sse(event)
+        finally:
+            await response.aclose()
+            await client.aclose()
+            series.observe((time.perf_counter() - started) * 1000)
+            if first is not None:
+                series.observe_ttft((first - started) * 1000)
+
+    return StreamingResponse(
+        events(),
+        status_code=response.status_code,
+        media_type="text/event-stream",
+        headers={"X-Revision": revision.key, "Cache-Control": "no-cache"},
+    )

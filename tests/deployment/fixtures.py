@@ -214,6 +214,25 @@ class ServingHostProcess:
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "SERVING_SECRET": settings.SERVING_SECRET,
+            # A stand-in engine server for the tests of engine revisions (test_engines.py).
+            "SERVING_ENGINE_COMMANDS": json.dumps(
+                {
+                    "fake": {
+                        "command": [
+                            "{python}",
+                            str(ROOT / "tests" / "deployment" / "fake_engine.py"),
+                            "--model",
+                            "{model}",
+                            "--served-model-name",
+                            "{name}",
+                            "--port",
+                            "{port}",
+                        ],
+                        "health": "/health",
+                        "devices": ["cpu"],
+                    }
+                }
+            ),
         }
         self.proc = subprocess.Popen(
             [settings.TRAINING_PYTHON, "-m", "deployment.server", "--port", str(self.port)],

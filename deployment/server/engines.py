@@ -1,0 +1,178 @@
+"""External LLM engines: a generative revision can run on an engine that the node has (vLLM on
+NVIDIA GPUs, FastDeploy on Paddle's devices) instead of the platform's own generation
+processes. The serving host starts the engine's own OpenAI-compatible server on the exported
+model, on a loopback port, waits for its health check, and passes each request of the
+endpoint to it (``EngineRevision``), streaming the answer back with the endpoint's name.
+
+Neither engine runs on the CPU machines the platform is tested on: the commands below are
+declared from the engines' documentation. ``SERVING_ENGINE_COMMANDS`` (JSON: name →
+``{"command": [...], "health": "/path", "devices": [...]}``) adds or replaces an engine, for a
+site whose engine lives in a venv of its own (and for the tests, which run a stand-in server).
+"""
+
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from deployment.server.revision import Revision
+
+BUILTIN = "builtin"
+# name → the module that tells it is installed, the device types it serves, its command
+# ({model}, {name}, {port} filled in) and its health path.
+ENGINES: dict[str, dict] = {
+    "vllm": {
+        "module": "vllm",
+        "devices": ["gpu"],
+        "command": [
+            "{python}",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "{model}",
+            "--served-model-name",
+            "{name}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+        ],
+        "health": "/health",
+    },
+    "fastdeploy": {
+        "module": "fastdeploy",
+        "devices": ["gpu", "xpu", "npu", "dcu"],
+        "command": [
+            "{python}",
+            "-m",
+            "fastdeploy.entrypoints.openai.api_server",
+            "--model",
+            "{model}",
+            "--served-model-name",
+            "{name}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+        ],
+        "health": "/health",
+    },
+}
+START_TIMEOUT_S = float(os.environ.get("SERVING_ENGINE_START_TIMEOUT_S", "600"))
+
+
+def engines() -> dict[str, dict]:
+    found = {name: dict(spec) for name, spec in ENGINES.items()}
+    extra = os.environ.get("SERVING_ENGINE_COMMANDS")
+    if extra:
+        found.update(json.loads(extra))
+    return found
+
+
+def installed() -> list[str]:
+    """The engines this node can start: an override's command, or the engine's module."""
+    out = []
+    for name, spec in engines().items():
+        module = spec.get("module")
+        if not module or importlib.util.find_spec(module) is not None:
+            out.append(name)
+    return sorted(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineRevision(Revision):
+    """A generative revision served by an external engine's OpenAI-compatible server."""
+
+    def __init__(self, key: str, config: dict) -> None:
+        super().__init__(key, config)
+        self.engine = str(config.get("engine"))
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.log = Path(tempfile.gettempdir()) / f"engine-{key}-{os.getpid()}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def describe(self) -> dict:
+        return {**super().describe(), "engine": self.engine, "engine_url": self.url}
+
+    async def load(self) -> None:
+        import httpx
+
+        started = time.perf_counter()
+        spec = engines().get(self.engine)
+        try:
+            if spec is None:
+                raise RuntimeError(f"no engine named {self.engine!r}; known: {sorted(engines())}")
+            if self.engine not in installed():
+                raise RuntimeError(f"{self.engine} is not installed on this serving host")
+            self.port = _free_port()
+            values = {
+                "python": sys.executable,
+                "model": str(self.config["export_dir"]),
+                "name": self.key,
+                "port": str(self.port),
+            }
+            command = [part.format(**values) for part in spec["command"]]
+            with open(self.log, "wb") as out:
+                self.process = subprocess.Popen(
+                    command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            deadline = time.monotonic() + START_TIMEOUT_S
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while True:
+                    if self.state == "unloading":
+                        return
+                    if self.process.poll() is not None:
+                        tail = self.log.read_text(errors="replace")[-1500:]
+                        raise RuntimeError(
+                            f"{self.engine} exited with {self.process.returncode}: {tail}"
+                        )
+                    try:
+                        health = await client.get(self.url + spec.get("health", "/health"))
+                        if health.status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{self.engine} did not answer in {START_TIMEOUT_S} s")
+                    await asyncio.sleep(0.2)
+        except Exception as exc:
+            if self.state != "unloading":
+                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self._stop_engine()
+            return
+        self.load_s = round(time.perf_counter() - started, 3)
+        self.state = "ready"
+
+    def _stop_engine(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    async def unload(self) -> None:
+        self.state = "unloading"
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_engine)
+        self.pool.shutdown(wait=False)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
