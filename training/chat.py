@@ -240,6 +240,16 @@ def preference_example(tok: ChatTokenizer, row: dict) -> PreferenceExample:
     return PreferenceExample(tok.encode(prompt), response(row["chosen"]), response(row["rejected"]))
 
 
+def encode_row(task_kind: str, tok: ChatTokenizer, row: dict):
+    """A row's example and its length in tokens (a preference pair: the prompt and the longer
+    response), which the token limit applies to."""
+    if task_kind == "instruction":
+        ex = sft_example(tok, row["messages"])
+        return ex, len(ex.input_ids)
+    ex = preference_example(tok, row)
+    return ex, len(ex.prompt) + max(len(ex.chosen), len(ex.rejected))
+
+
 def pack(examples: list[SftExample], max_length: int) -> list[SftExample]:
     """Several short conversations in one sequence of at most ``max_length`` tokens (first fit,
     in order), so that fewer positions are padding."""

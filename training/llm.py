@@ -25,10 +25,9 @@ from training.chat import (
     ChatTokenizer,
     SftExample,
     build_char_tokenizer,
+    encode_row,
     pack,
-    preference_example,
     rouge_l,
-    sft_example,
 )
 from training.loop import BEST, CHECKPOINT, _recover, _write_dir, learning_rate
 from training.spec import JobSpec
@@ -105,12 +104,7 @@ def encode_rows(spec: JobSpec, tok: ChatTokenizer, rows: list[dict], split: str,
     limit = spec.hp.max_seq_length
     examples, too_long = [], []
     for number, row in enumerate(rows, start=1):
-        if spec.task_kind == "instruction":
-            ex = sft_example(tok, row["messages"])
-            length = len(ex.input_ids)
-        else:
-            ex = preference_example(tok, row)
-            length = len(ex.prompt) + max(len(ex.chosen), len(ex.rejected))
+        ex, length = encode_row(spec.task_kind, tok, row)
         if length > limit:
             too_long.append({"row": number, "tokens": length})
             continue

@@ -89,6 +89,8 @@ class TrainingJob(models.Model):
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     phase = models.CharField(max_length=16, blank=True)
+    # Large models: the rows counted in tokens at submission, and those over the limit.
+    data_report = models.JSONField(default=dict, blank=True)
     # Why a queued job waits (team limit, no worker for its device).
     waiting_reason = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)

@@ -28,6 +28,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from jinja2 import TemplateError
 
 from console.hardware import profile
 from console.models import Team
@@ -392,6 +393,51 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
     return hp
 
 
+# Rows over the token limit listed in a job's data report (all are counted).
+TOKEN_REPORT_ROWS = 200
+
+
+def token_report(
+    version: DatasetVersion, model: BaseModel | None, task_kind: str, limit: int
+) -> dict:
+    """Each answered row of an instruction or preference version counted in tokens, as the
+    runner will count it (the base model's tokenizer and chat template, or the preset's
+    characters and ChatML): how many there are per split, and the rows over ``limit`` (by
+    their number in the version), which the job leaves out."""
+    from training.chat import TOKENIZER_FILES, ChatTokenizer, build_char_tokenizer, encode_row
+    from training.data import is_labeled
+
+    with default_storage.open(version.data_file, "rb") as f:
+        rows = [(n, json.loads(line)) for n, line in enumerate(f, start=1)]
+    rows = [(n, r) for n, r in rows if is_labeled(task_kind, r)]
+    with tempfile.TemporaryDirectory(prefix="tokenizer-") as tmp:
+        if model is None:
+            from training.llm import texts_of
+
+            tok = build_char_tokenizer((t for _n, r in rows for t in texts_of(r)), Path(tmp))
+        else:
+            files = {n: m for n, m in model.manifest["files"].items() if n in TOKENIZER_FILES}
+            storage.fetch_dir(model.storage_prefix, files, Path(tmp))
+            tok = ChatTokenizer(Path(tmp))
+        counts: dict[str, int] = {}
+        over, longest = [], 0
+        for number, row in rows:
+            _example, length = encode_row(task_kind, tok, row)
+            split = row.get("split", "train")
+            counts[split] = counts.get(split, 0) + 1
+            longest = max(longest, length)
+            if length > limit:
+                over.append({"row": number, "split": split, "tokens": length})
+    return {
+        "limit": limit,
+        "rows": counts,
+        "longest": longest,
+        "over": len(over),
+        "over_train": sum(o["split"] == "train" for o in over),
+        "over_rows": over[:TOKEN_REPORT_ROWS],
+    }
+
+
 @transaction.atomic
 def training_job_submit(
     *,
@@ -480,6 +526,20 @@ def training_job_submit(
         )
     if priority not in TrainingJob.Priority.values:
         raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
+    data_report = {}
+    if generative:
+        try:
+            data_report = token_report(dataset_version, model, kind, hp.max_seq_length)
+        except (ValueError, OSError, TemplateError) as exc:  # a template that fails, a damaged file
+            raise ValidationError(_("The rows could not be tokenised: %(e)s") % {"e": exc}) from exc
+        if data_report["over_train"] >= data_report["rows"].get("train", 0):
+            raise ValidationError(
+                _(
+                    "Every training row is over the token limit of %(limit)d (the longest has "
+                    "%(longest)d tokens): raise max_seq_length."
+                )
+                % {"limit": hp.max_seq_length, "longest": data_report["longest"]}
+            )
     job = TrainingJob.objects.create(
         team=team,
         name=name.strip()[:100] or f"{dataset.name} v{dataset_version.number}",
@@ -494,6 +554,7 @@ def training_job_submit(
         device_count=device_count,
         priority=priority,
         origin=origin,
+        data_report=data_report,
         celery_task_id=uuid.uuid4().hex,
         created_by=actor,
     )

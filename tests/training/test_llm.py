@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.urls import reverse
 
-from tests.training.conftest import wait_for
+from tests.training.conftest import rows_for, wait_for
 from training import services
 from training.models import ModelVersion
 
@@ -246,3 +246,35 @@ def test_the_memory_estimate_of_a_7b_model():
     assert 120 < full < 160  # 16 bytes a parameter and activations
     assert 14 < lora < 40  # bfloat16 weights, small adapters
     assert gib(method="lora", recompute=True) < lora
+
+
+@pytest.mark.django_db
+def test_rows_over_the_token_limit_are_counted_at_submission(team, owner, make_dataset, client):
+    from labeling import services as labeling_services
+    from tests.conftest import make_jsonl_version
+
+    rows, mapping = rows_for("instruction", 40)
+    long_answer = "这是一个很长的回答，" * 10
+    rows[3]["messages"][-1]["content"] = long_answer
+    rows[7]["messages"][-1]["content"] = long_answer
+    dataset = labeling_services.dataset_create(
+        actor=owner, team=team, name="长短", task_kind="instruction"
+    )
+    version = make_jsonl_version(dataset, owner, rows, mapping)
+    job = services.training_job_submit(
+        actor=owner, team=team, dataset_version=version, hyperparameters={"max_seq_length": 64}
+    )
+    report = job.data_report
+    assert report["limit"] == 64 and report["over"] == 2
+    assert {o["row"] for o in report["over_rows"]} == {4, 8}
+    assert all(o["tokens"] > 100 for o in report["over_rows"])
+    assert sum(report["rows"].values()) == 40
+    client.force_login(owner)
+    page = client.get(
+        reverse("training:job", kwargs={"team": team.slug, "training_job_id": job.pk})
+    ).content.decode()
+    assert 'data-testid="token-report"' in page and "row 4" in page
+    with pytest.raises(ValidationError, match="Every training row is over the token limit of 8"):
+        services.training_job_submit(
+            actor=owner, team=team, dataset_version=version, hyperparameters={"max_seq_length": 8}
+        )
