@@ -17,6 +17,7 @@ from labeling.selectors import dataset_get, version_get
 from training import selectors, services
 from training.presets import LLM_PRESETS, PRESETS
 from training.serializers import (
+    BaseModelFromVersionSerializer,
     BaseModelImportSerializer,
     BaseModelSerializer,
     JobCloneSerializer,
@@ -183,6 +184,25 @@ class ModelVersionDetail(TrainingAPIView):
         version = selectors.model_version_get(request.team, model_version_id)
         service_call(services.model_version_delete, actor=request.user, version=version)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ModelVersionBaseModel(TrainingAPIView):
+    """A fine-tuned large model as a base model of the team, for further jobs."""
+
+    write_permission = Perm.MODEL_IMPORT
+
+    @extend_schema(request=BaseModelFromVersionSerializer, responses={201: BaseModelSerializer})
+    def post(self, request: Request, team: str, model_version_id: int) -> Response:
+        version = selectors.model_version_get(request.team, model_version_id)
+        serializer = BaseModelFromVersionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        model = service_call(
+            services.base_model_from_version,
+            actor=request.user,
+            version=version,
+            name=serializer.validated_data["name"],
+        )
+        return Response(BaseModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 
 class ModelVersionDownload(TrainingAPIView):

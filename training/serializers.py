@@ -156,6 +156,10 @@ class ModelVersionDetailSerializer(ModelVersionSerializer):
         fields = [*ModelVersionSerializer.Meta.fields, "evaluation", "files"]
 
 
+class BaseModelFromVersionSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+
+
 class ModelImportSerializer(serializers.Serializer):
     archive = serializers.FileField()
 

@@ -47,6 +47,8 @@ from training.tokenizer import CharTokenizer
 
 # -- Base models -----------------------------------------------------------------------------
 
+MODEL_EXPORT = "export/"  # where a model version's export lies under its storage prefix
+
 # What each backend needs of an imported model: alternatives in a tuple.
 REQUIRED_FILES = {
     "paddle": (
@@ -302,6 +304,54 @@ def base_model_import(
         team=team,
         target=model,
         data={"source": source, "backend": backend, "shared": shared, "files": len(files)},
+    )
+    return model
+
+
+@transaction.atomic
+def base_model_from_version(
+    *, actor: AbstractBaseUser, version: ModelVersion, name: str
+) -> BaseModel:
+    """A fine-tuned large model as the base of further jobs (SFT, then DPO on its answers):
+    its export, a complete causal LM with tokenizer and template, copied as a base model of
+    the team. Classifiers' exports are inference graphs, not checkpoints to train on."""
+    name = name.strip()
+    if not name:
+        raise ValidationError(_("A base model needs a name."))
+    if version.task_kind not in OBJECTIVES:
+        raise ValidationError(
+            _("Only large models (instruction, preference) continue training as a base model.")
+        )
+    if BaseModel.objects.filter(team=version.team, name=name).exists():
+        raise ValidationError(_("A base model named “%(name)s” exists already.") % {"name": name})
+    files = {
+        rel.removeprefix(MODEL_EXPORT): meta
+        for rel, meta in version.files.items()
+        if rel.startswith(MODEL_EXPORT) and rel != MODEL_EXPORT + MANIFEST
+    }
+    with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:
+        directory = Path(tmp)
+        storage.fetch_dir(version.storage_prefix + MODEL_EXPORT, files, directory)
+        summary = inspect_model_dir(directory, version.backend)
+        prefix = f"base_models/{uuid.uuid4().hex}/"
+        stored = storage.store_dir(directory, prefix)
+    model = BaseModel.objects.create(
+        team=version.team,
+        name=name,
+        backend=version.backend,
+        architecture=summary["architecture"],
+        summary=summary,
+        manifest={"files": stored},
+        storage_prefix=prefix,
+        source=f"{version.name} v{version.number}",
+        created_by=actor,
+    )
+    audit_record(
+        action="base_model.from_version",
+        actor=actor,
+        team=version.team,
+        target=model,
+        data={"model_version": f"{version.name} v{version.number}"},
     )
     return model
 

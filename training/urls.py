@@ -37,6 +37,11 @@ urlpatterns = [
     path(A + "models/", api.ModelVersionList.as_view(), name="api_models"),
     path(A + "models/<int:model_version_id>/", api.ModelVersionDetail.as_view(), name="api_model"),
     path(
+        A + "models/<int:model_version_id>/base-model/",
+        api.ModelVersionBaseModel.as_view(),
+        name="api_model_base_model",
+    ),
+    path(
         A + "models/<int:model_version_id>/download/",
         api.ModelVersionDownload.as_view(),
         name="api_model_download",

@@ -5,7 +5,7 @@ import json
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
@@ -15,6 +15,7 @@ from console.hardware import profiles
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from training import api, selectors, services
+from training.data import OBJECTIVES
 from training.estimate import estimates
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
 from training.models import TrainingJob
@@ -223,6 +224,18 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
         else:
             messages.success(request, _("The model version is deleted."))
             return redirect("training:models", team=request.team.slug)
+    if request.method == "POST" and request.POST.get("action") == "base_model":
+        if not _can(request, Perm.MODEL_IMPORT):
+            raise PermissionDenied
+        try:
+            model = services.base_model_from_version(
+                actor=request.user, version=version, name=request.POST.get("name", "")
+            )
+        except ValidationError as exc:
+            messages.error(request, _error_text(exc))
+        else:
+            messages.success(request, _("%(name)s is a base model now.") % {"name": model.name})
+            return redirect("training:base_models", team=request.team.slug)
     metrics = version.evaluation.get("metrics", {})
     return render(
         request,
@@ -234,6 +247,8 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "mistakes": mistakes(version.evaluation),
             "can_write": _can(request, Perm.TRAINING_WRITE),
             "can_deploy": _can(request, Perm.DEPLOYMENT_WRITE),
+            "can_import": _can(request, Perm.MODEL_IMPORT),
+            "generative": version.task_kind in OBJECTIVES,
         },
     )
 

@@ -278,3 +278,50 @@ def test_rows_over_the_token_limit_are_counted_at_submission(team, owner, make_d
         services.training_job_submit(
             actor=owner, team=team, dataset_version=version, hyperparameters={"max_seq_length": 8}
         )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("train_worker")
+def test_dpo_continues_from_the_sft_model(team, owner, make_dataset, client):
+    """SFT, then the fine-tuned model as a base model, then DPO from it: the usual chain."""
+    sft = services.training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=make_dataset("instruction", n=81),
+        hyperparameters=FAST,
+    )
+    sft = wait_for(sft)
+    assert sft.status == "succeeded", sft.error
+    client.force_login(owner)
+    response = client.post(
+        reverse(
+            "training:api_model_base_model",
+            kwargs={"team": team.slug, "model_version_id": sft.model_version.pk},
+        ),
+        {"name": "sums-sft"},
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content
+    base = response.json()
+    assert base["summary"]["causal_lm"] and base["architecture"] == "llama"
+    assert "tokenizer.json" in base["manifest"]["files"]
+
+    dpo = services.training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=make_dataset("preference", n=81),
+        base_model="sums-sft",
+        hyperparameters={**FAST, "epochs": 2, "learning_rate": 1e-3},
+    )
+    dpo = wait_for(dpo)
+    assert dpo.status == "succeeded", dpo.error
+    metrics = dpo.model_version.evaluation["metrics"]
+    assert metrics["accuracy"] >= 0.9, metrics
+    # The model learned the form of the answers in SFT, and keeps it after DPO.
+    assert metrics["rouge_l"] > 0.5, dpo.model_version.evaluation["generations"]
+
+    classifier = ModelVersion(team=team, name="reviews", task_kind="text_classification")
+    with pytest.raises(ValidationError, match="Only large models"):
+        services.base_model_from_version(actor=owner, version=classifier, name="x")
+    with pytest.raises(ValidationError, match="exists already"):
+        services.base_model_from_version(actor=owner, version=sft.model_version, name="sums-sft")
