@@ -106,13 +106,12 @@ class Generator:
         if runtime not in RUNTIMES:
             raise ValueError(f"{export_dir} is not a generative model (runtime {runtime!r})")
         self.tokenizer = ChatTokenizer(export_dir)
-        self.stop_ids = set(self.tokenizer.stop_ids)
         config = json.loads((export_dir / "config.json").read_text("utf-8"))
         self.context_length = int(
             config.get("max_position_embeddings") or self.manifest.get("max_length") or 2048
         )
-        lm = _PaddleLM if runtime == "paddle_generate" else _TorchLM
-        self.lm = lm(export_dir, device)
+        lm = PaddleLM if runtime == "paddle_generate" else TorchLM
+        self.lm = lm.load(export_dir, device)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.prompt_ids(messages)
@@ -122,54 +121,72 @@ class Generator:
         requests: list[GenerationRequest],
         on_step: Callable[[list[Delta]], None] | None = None,
     ) -> list[str]:
-        """Generate for every request together; ``on_step`` gets each step's deltas. Returns
-        the completions."""
-        streams = [_Stream(r, self.tokenizer) for r in requests]
-        width = max(len(r.prompt_ids) for r in requests)
-        pad = self.tokenizer.pad_id
-        ids = np.full((len(requests), width), pad, dtype="int64")
-        mask = np.zeros_like(ids)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids) :] = r.prompt_ids
-            mask[i, width - len(r.prompt_ids) :] = 1
-        positions = position_ids(mask)
-        logits, cache = self.lm.forward(ids, mask, positions, None)
-        texts = [""] * len(requests)
-        for _ in range(max(r.max_tokens for r in requests)):
-            tokens = np.full(len(requests), pad, dtype="int64")
-            deltas = []
-            for i, s in enumerate(streams):
-                if s.finish is not None:
-                    continue
-                tokens[i] = sample(logits[i], s.request.temperature, s.request.top_p, s.rng)
-                delta = s.add(int(tokens[i]), self.stop_ids)
-                texts[i] += delta.text
-                if delta.text or delta.finish_reason:
-                    deltas.append(delta)
-            if on_step is not None and deltas:
-                on_step(deltas)
-            if all(s.finish is not None for s in streams):
-                break
-            mask = np.concatenate([mask, np.ones((len(requests), 1), "int64")], axis=1)
-            positions = positions[:, -1:] + 1
-            logits, cache = self.lm.forward(tokens[:, None], mask, positions, cache)
-        return texts
+        return generate(self.lm, self.tokenizer, requests, on_step)
 
 
-class _TorchLM:
-    def __init__(self, export_dir: Path, device: str) -> None:
+def generate(
+    lm, tokenizer: ChatTokenizer, requests: list[GenerationRequest], on_step=None
+) -> list[str]:
+    """Generate for every request together with ``lm`` (``forward(ids, mask, positions,
+    cache) → (last logits, cache)``); ``on_step`` gets each step's deltas. Returns the
+    completions."""
+    stop_ids = set(tokenizer.stop_ids)
+    streams = [_Stream(r, tokenizer) for r in requests]
+    width = max(len(r.prompt_ids) for r in requests)
+    pad = tokenizer.pad_id
+    ids = np.full((len(requests), width), pad, dtype="int64")
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(requests):
+        ids[i, width - len(r.prompt_ids) :] = r.prompt_ids
+        mask[i, width - len(r.prompt_ids) :] = 1
+    positions = position_ids(mask)
+    logits, cache = lm.forward(ids, mask, positions, None)
+    texts = [""] * len(requests)
+    for _ in range(max(r.max_tokens for r in requests)):
+        tokens = np.full(len(requests), pad, dtype="int64")
+        deltas = []
+        for i, s in enumerate(streams):
+            if s.finish is not None:
+                continue
+            tokens[i] = sample(logits[i], s.request.temperature, s.request.top_p, s.rng)
+            delta = s.add(int(tokens[i]), stop_ids)
+            texts[i] += delta.text
+            if delta.text or delta.finish_reason:
+                deltas.append(delta)
+        if on_step is not None and deltas:
+            on_step(deltas)
+        if all(s.finish is not None for s in streams):
+            break
+        mask = np.concatenate([mask, np.ones((len(requests), 1), "int64")], axis=1)
+        positions = positions[:, -1:] + 1
+        logits, cache = lm.forward(tokens[:, None], mask, positions, cache)
+    return texts
+
+
+class TorchLM:
+    """A transformers causal LM (or a peft-wrapped one, in training) as the engine runs it."""
+
+    def __init__(self, model, device) -> None:
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.device = device
+        self.model.eval()
+
+    @classmethod
+    def load(cls, export_dir: Path, device: str) -> "TorchLM":
         import os
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.torch = torch
-        self.device = torch.device("cuda" if device.startswith("gpu") else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
+        target = torch.device("cuda" if device.startswith("gpu") else "cpu")
+        model = AutoModelForCausalLM.from_pretrained(
             str(export_dir), torch_dtype=torch.float32, local_files_only=True
-        ).to(self.device)
-        self.model.eval()
+        ).to(target)
+        return cls(model, target)
 
     def forward(self, ids, mask, positions, cache):
         torch = self.torch
@@ -188,17 +205,25 @@ class _TorchLM:
         return out.logits[:, -1].float().cpu().numpy(), out.past_key_values
 
 
-class _PaddleLM:
-    def __init__(self, export_dir: Path, device: str) -> None:
+class PaddleLM:
+    """A PaddleNLP causal LM (or a LoRA-wrapped one, in training) as the engine runs it."""
+
+    def __init__(self, model) -> None:
+        import paddle
+
+        self.paddle = paddle
+        self.model = model
+        self.model.eval()
+
+    @classmethod
+    def load(cls, export_dir: Path, device: str) -> "PaddleLM":
         import paddle
         from paddlenlp.transformers import AutoModelForCausalLM
         from paddlenlp.utils.log import logger
 
         logger.set_level("WARNING")
-        self.paddle = paddle
         paddle.set_device("gpu:0" if device.startswith("gpu") else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(str(export_dir), dtype="float32")
-        self.model.eval()
+        return cls(AutoModelForCausalLM.from_pretrained(str(export_dir), dtype="float32"))
 
     def forward(self, ids, mask, positions, cache):
         paddle = self.paddle

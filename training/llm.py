@@ -29,7 +29,15 @@ from training.chat import (
     pack,
     rouge_l,
 )
-from training.loop import BEST, CHECKPOINT, _recover, _write_dir, learning_rate
+from training.loop import (
+    BEST,
+    CHECKPOINT,
+    _recover,
+    _write_dir,
+    check_finite,
+    learning_rate,
+    step_events,
+)
 from training.spec import JobSpec
 
 TOKENIZER = "tokenizer"  # where a preset's character tokenizer is kept in the work directory
@@ -63,8 +71,9 @@ class LLMOps(Protocol):
     def token_logps(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """Per sequence: the sum of log p of its labelled tokens, and their count ([B, 2])."""
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_ids, pad_id: int):
-        """Greedy continuations of each prompt (new token ids only)."""
+    def inference_lm(self):
+        """The model in evaluation mode for ``training.generation``: ``forward(ids, mask,
+        positions, cache) → (last logits, cache)``."""
 
     def save(self, directory: Path, with_optimizer: bool) -> None: ...
 
@@ -241,26 +250,20 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
             state["step"] += 1
             step = state["step"]
             loss = figures["loss"]
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"the loss is {loss} at step {step}; lower the learning rate"
-                )
+            check_finite(loss, step)
             now = time.monotonic()
             if now - last_report >= 0.5 or step == total or s == per_epoch - 1:
                 last_report = now
                 rate = samples / busy if busy else 0.0
-                left = (total - step) * hp.batch_size * accum / rate if rate else None
-                emit(
-                    "loss", step=step, loss=round(loss, 6), lr=learning_rate(spec, step - 1, total)
-                )
-                emit(
-                    "progress",
+                step_events(
+                    emit,
+                    spec,
                     step=step,
-                    total_steps=total,
-                    epoch=epoch + 1,
-                    epochs=hp.epochs,
-                    samples_per_s=round(rate, 2),
-                    eta_s=None if left is None else round(left, 1),
+                    total=total,
+                    epoch=epoch,
+                    loss=loss,
+                    rate=rate,
+                    per_step=hp.batch_size * accum,
                 )
             if hp.checkpoint_steps and step % hp.checkpoint_steps == 0 and s < per_epoch - 1:
                 state["epoch"] = epoch
@@ -368,13 +371,17 @@ def evaluate(ops, spec, tok, rows, items, reference, split) -> dict:
         samples.append((prompt, reference_text))
     generations = []
     if samples:
+        from training.generation import GenerationRequest, generate
+
         started = time.perf_counter()
-        prompts = [tok.prompt_ids(p) for p, _ in samples]
-        outputs = ops.generate(prompts, hp.max_new_tokens, tok.stop_ids, tok.pad_id)
+        requests = [
+            GenerationRequest(tok.prompt_ids(p), max_tokens=hp.max_new_tokens, temperature=0)
+            for p, _ in samples
+        ]
+        texts = generate(ops.inference_lm(), tok, requests)
         elapsed = time.perf_counter() - started
-        new_tokens = sum(len(o) for o in outputs)
-        for (prompt, reference_text), out in zip(samples, outputs, strict=True):
-            text = tok.decode([t for t in out if t not in tok.stop_ids])
+        new_tokens = sum(len(tok.encode(t)) for t in texts)
+        for (prompt, reference_text), text in zip(samples, texts, strict=True):
             generations.append(
                 {
                     "prompt": prompt,

@@ -92,6 +92,37 @@ def _recover(target: Path) -> None:
             other.rename(target)
 
 
+def check_finite(loss: float, step: int) -> None:
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"the loss is {loss} at step {step}; lower the learning rate")
+
+
+def step_events(
+    emit: Emit,
+    spec: JobSpec,
+    *,
+    step: int,
+    total: int,
+    epoch: int,
+    loss: float,
+    rate: float,
+    per_step: int,
+) -> None:
+    """The loss and progress events of a step (``rate`` in samples/s, ``per_step`` samples a
+    step); the caller sends them at most twice a second."""
+    left = (total - step) * per_step / rate if rate else None
+    emit("loss", step=step, loss=round(loss, 6), lr=learning_rate(spec, step - 1, total))
+    emit(
+        "progress",
+        step=step,
+        total_steps=total,
+        epoch=epoch + 1,
+        epochs=spec.hp.epochs,
+        samples_per_s=round(rate, 2),
+        eta_s=None if left is None else round(left, 1),
+    )
+
+
 def _silent(*args, **kwargs) -> None:
     pass
 
@@ -187,26 +218,20 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
             samples += len(batch)
             state["step"] += 1
             step = state["step"]
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"the loss is {loss} at step {step}; lower the learning rate"
-                )
+            check_finite(loss, step)
             now = time.monotonic()
             if now - last_report >= 0.5 or step == total or i == per_epoch - 1:
                 last_report = now
                 rate = samples / busy if busy else 0.0
-                left = (total - step) * hp.batch_size / rate if rate else None
-                emit(
-                    "loss", step=step, loss=round(loss, 6), lr=learning_rate(spec, step - 1, total)
-                )
-                emit(
-                    "progress",
+                step_events(
+                    emit,
+                    spec,
                     step=step,
-                    total_steps=total,
-                    epoch=epoch + 1,
-                    epochs=hp.epochs,
-                    samples_per_s=round(rate, 2),
-                    eta_s=None if left is None else round(left, 1),
+                    total=total,
+                    epoch=epoch,
+                    loss=loss,
+                    rate=rate,
+                    per_step=hp.batch_size,
                 )
             if hp.checkpoint_steps and step % hp.checkpoint_steps == 0 and i < per_epoch - 1:
                 state["epoch"] = epoch

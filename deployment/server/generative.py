@@ -10,15 +10,13 @@ for the next batch.
 """
 
 import asyncio
-import os
 import time
-import traceback
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from deployment.server.replica import Replica
+from deployment.server.replica import Replica, serve
 from deployment.server.revision import PredictError, Revision
 from training.chat import ChatTokenizer
 from training.generation import Delta, GenerationRequest
@@ -26,36 +24,26 @@ from training.generation import Delta, GenerationRequest
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
     """The generation process: load, warm up with a full batch, then generate per message."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
+
+    def load():
         from training.generation import Generator
 
-        started = time.perf_counter()
         generator = Generator(Path(export_dir), device)
         prompt = generator.chat_prompt([{"role": "user", "content": "预热"}])
         generator.generate(
             [GenerationRequest(prompt, max_tokens=4, temperature=0)] * max_batch_size
         )
-        conn.send(("ready", {"load_s": round(time.perf_counter() - started, 3)}))
-    except Exception as exc:
-        traceback.print_exc()
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-        return
-    while True:
-        try:
-            batch = conn.recv()
-        except EOFError:
-            return
-        if batch is None:
-            return
-        try:
-            requests = [GenerationRequest(**r) for r in batch]
+
+        def handle(batch: list[dict]) -> None:
             generator.generate(
-                requests, lambda deltas: conn.send(("step", [asdict(d) for d in deltas]))
+                [GenerationRequest(**r) for r in batch],
+                lambda deltas: conn.send(("step", [asdict(d) for d in deltas])),
             )
             conn.send(("done", None))
-        except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+        return handle
+
+    serve(conn, load)
 
 
 class GenerationReplica(Replica):
@@ -129,33 +117,23 @@ class GenerativeRevision(Revision):
             if item.finish_reason is not None:
                 return
 
-    async def _serve(self, index: int) -> None:
+    async def _run(self, replica: GenerationReplica, batch: list[Waiting]) -> None:
+        """One batch generated together: each step's deltas go to their requests' queues."""
         loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect()
-            if not batch:
-                continue
-            replica = self.replicas[index]
-            self.batches += 1
-            self.batched_inputs += len(batch)
-            by_id = {w.request.id: w for w in batch}
+        by_id = {w.request.id: w for w in batch}
 
-            def on_step(deltas: list[Delta], by_id=by_id) -> None:
-                for d in deltas:
-                    loop.call_soon_threadsafe(by_id[d.id].deltas.put_nowait, d)
+        def on_step(deltas: list[Delta]) -> None:
+            for d in deltas:
+                loop.call_soon_threadsafe(by_id[d.id].deltas.put_nowait, d)
 
-            requests = [asdict(w.request) for w in batch]
-            try:
-                await loop.run_in_executor(self.pool, replica.generate, requests, on_step)
-            except asyncio.CancelledError:
-                for w in batch:
-                    w.deltas.put_nowait(PredictError("the revision was unloaded"))
-                raise
-            except RuntimeError as exc:
-                for w in batch:
-                    loop.call_soon_threadsafe(w.deltas.put_nowait, PredictError(str(exc)))
-                if not replica.alive:
-                    await self._restart(index)
+        requests = [asdict(w.request) for w in batch]
+        await loop.run_in_executor(self.pool, replica.generate, requests, on_step)
+
+    def _fail(self, batch: list[Waiting], error: PredictError) -> None:
+        # After the deltas already scheduled from the generation thread.
+        loop = asyncio.get_running_loop()
+        for w in batch:
+            loop.call_soon(w.deltas.put_nowait, error)
 
     async def unload(self) -> None:
         while not self.queue.empty():

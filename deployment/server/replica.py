@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 # Spawned, not forked: the parent runs an event loop and threads that a fork would copy.
@@ -27,12 +28,37 @@ def warmup_sizes(max_batch_size: int) -> list[int]:
     return [*sizes, max_batch_size]
 
 
-def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
+def serve(conn: Connection, load: Callable[[], Callable[[object], None]]) -> None:
+    """A model process's life: ``load()`` loads the model, warms it up and returns the handler
+    of one message (which sends its own answers); then ready (or failed, with the reason),
+    and each message handled until ``None`` or the parent is gone. A message that fails is
+    answered ``("error", message)``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
+        started = time.perf_counter()
+        handle = load()
+        conn.send(("ready", {"load_s": round(time.perf_counter() - started, 3)}))
+    except Exception as exc:
+        traceback.print_exc()
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return  # the serving host is gone
+        if message is None:
+            return
+        try:
+            handle(message)
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
+    def load():
         from training.inference import Predictor
 
-        started = time.perf_counter()
         predictor = Predictor.load(export_dir, device)
         text = "预热" * predictor.max_length
         item = (
@@ -42,22 +68,9 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
         # predictor's buffers already sized.
         for size in warmup_sizes(max_batch_size):
             predictor.predict([item] * size, batch_size=size)
-        conn.send(("ready", {"load_s": round(time.perf_counter() - started, 3)}))
-    except Exception as exc:
-        traceback.print_exc()
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-        return
-    while True:
-        try:
-            items = conn.recv()
-        except EOFError:
-            return  # the serving host is gone
-        if items is None:
-            return
-        try:
-            conn.send(("ok", predictor.predict(items, batch_size=len(items))))
-        except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return lambda items: conn.send(("ok", predictor.predict(items, batch_size=len(items))))
+
+    serve(conn, load)
 
 
 class Replica:

@@ -132,7 +132,6 @@ class Revision:
         return [p for p in batch if p.wanted()]
 
     async def _serve(self, index: int) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             batch = await self._collect()
             if not batch:
@@ -141,22 +140,27 @@ class Revision:
             self.batches += 1
             self.batched_inputs += len(batch)
             try:
-                preds = await loop.run_in_executor(self.pool, replica.call, [p.item for p in batch])
+                await self._run(replica, batch)
             except asyncio.CancelledError:
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(PredictError("the revision was unloaded"))
+                self._fail(batch, PredictError("the revision was unloaded"))
                 raise
             except RuntimeError as exc:
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(PredictError(str(exc)))
+                self._fail(batch, PredictError(str(exc)))
                 if not replica.alive:
                     await self._restart(index)
-                continue
-            for p, pred in zip(batch, preds, strict=True):
-                if not p.future.done():
-                    p.future.set_result(pred)
+
+    async def _run(self, replica: Replica, batch: list[Pending]) -> None:
+        """One batch on one process: every input's future gets its prediction."""
+        loop = asyncio.get_running_loop()
+        preds = await loop.run_in_executor(self.pool, replica.call, [p.item for p in batch])
+        for p, pred in zip(batch, preds, strict=True):
+            if not p.future.done():
+                p.future.set_result(pred)
+
+    def _fail(self, batch: list[Pending], error: PredictError) -> None:
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(error)
 
     async def _restart(self, index: int) -> None:
         """A predictor process died: start another; the others go on serving meanwhile."""

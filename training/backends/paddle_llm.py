@@ -10,6 +10,7 @@ import numpy as np
 
 from training.backends.paddle import paddle_device
 from training.chat import IGNORE, ChatTokenizer
+from training.generation import position_ids
 from training.llm import lora_targets
 from training.presets import LLM_PRESETS
 from training.spec import JobSpec
@@ -22,11 +23,6 @@ def _logits(output):
     if isinstance(output, (tuple, list)):
         return output[0]
     return getattr(output, "logits", output)
-
-
-def position_ids(mask: np.ndarray) -> np.ndarray:
-    """Positions that skip left padding, so a padded prompt generates as it would alone."""
-    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype("int64")
 
 
 class PaddleLLMOps:
@@ -143,39 +139,11 @@ class PaddleLLMOps:
         self.model.train()
         return np.stack([sums.numpy(), counts.numpy()], axis=1).astype("float64")
 
-    def generate(self, prompts, max_new_tokens, stop_ids, pad_id) -> list[list[int]]:
-        """Greedy decoding of a left-padded batch, each row until a stop token."""
-        import paddle
+    def inference_lm(self):
+        """The model in evaluation mode, as the generation engine runs it."""
+        from training.generation import PaddleLM
 
-        self.model.eval()
-        width = max(len(p) for p in prompts)
-        ids = np.full((len(prompts), width), pad_id, dtype="int64")
-        mask = np.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
-        outputs: list[list[int]] = [[] for _ in prompts]
-        done = np.zeros(len(prompts), dtype=bool)
-        stops = set(stop_ids)
-        with paddle.no_grad():
-            for _ in range(max_new_tokens):
-                logits = _logits(
-                    self.model(
-                        input_ids=paddle.to_tensor(ids),
-                        attention_mask=paddle.to_tensor(mask),
-                        position_ids=paddle.to_tensor(position_ids(mask)),
-                    )
-                )
-                nxt = logits[:, -1].argmax(axis=-1).numpy()
-                for i, token in enumerate(nxt):
-                    if not done[i]:
-                        outputs[i].append(int(token))
-                        done[i] = int(token) in stops
-                if done.all():
-                    break
-                ids = np.concatenate([ids, nxt[:, None].astype("int64")], axis=1)
-                mask = np.concatenate([mask, np.ones((len(prompts), 1), "int64")], axis=1)
-        self.model.train()
-        return outputs
+        return PaddleLM(self.model)
 
     def save(self, directory: Path, with_optimizer: bool) -> None:
         import paddle

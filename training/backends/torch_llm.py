@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.backends.paddle_llm import position_ids
 from training.backends.torch import head_classes, torch_device
 from training.chat import IGNORE, ChatTokenizer
+from training.generation import position_ids
 from training.llm import lora_targets
 from training.presets import LLM_PRESETS
 from training.spec import JobSpec
@@ -144,37 +144,11 @@ class TorchLLMOps:
         self.model.train()
         return np.stack([sums.cpu().numpy(), counts.cpu().numpy()], axis=1).astype("float64")
 
-    def generate(self, prompts, max_new_tokens, stop_ids, pad_id) -> list[list[int]]:
-        """Greedy decoding of a left-padded batch, each row until a stop token."""
-        import torch
+    def inference_lm(self):
+        """The model in evaluation mode, as the generation engine runs it."""
+        from training.generation import TorchLM
 
-        self.model.eval()
-        width = max(len(p) for p in prompts)
-        ids = np.full((len(prompts), width), pad_id, dtype="int64")
-        mask = np.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
-        outputs: list[list[int]] = [[] for _ in prompts]
-        done = np.zeros(len(prompts), dtype=bool)
-        stops = set(stop_ids)
-        with torch.no_grad():
-            for _ in range(max_new_tokens):
-                logits = self.model(
-                    input_ids=self._tensor(ids),
-                    attention_mask=self._tensor(mask),
-                    position_ids=self._tensor(position_ids(mask)),
-                ).logits
-                nxt = logits[:, -1].argmax(-1).cpu().numpy()
-                for i, token in enumerate(nxt):
-                    if not done[i]:
-                        outputs[i].append(int(token))
-                        done[i] = int(token) in stops
-                if done.all():
-                    break
-                ids = np.concatenate([ids, nxt[:, None].astype("int64")], axis=1)
-                mask = np.concatenate([mask, np.ones((len(prompts), 1), "int64")], axis=1)
-        self.model.train()
-        return outputs
+        return TorchLM(self.model, self.device)
 
     def save(self, directory: Path, with_optimizer: bool) -> None:
         import torch
