@@ -369,19 +369,22 @@ def evaluate(ops, spec, tok, rows, items, reference, split) -> dict:
         else:
             prompt, reference_text = [{"role": "user", "content": row["prompt"]}], row["chosen"]
         samples.append((prompt, reference_text))
+    # Prompts longer than the training length are left out, as their rows were.
+    prompts = [tok.prompt_ids(p) for p, _ in samples]
+    kept = [i for i, ids in enumerate(prompts) if len(ids) < hp.max_seq_length]
     generations = []
-    if samples:
+    if kept:
         from training.generation import GenerationRequest, generate
 
         started = time.perf_counter()
         requests = [
-            GenerationRequest(tok.prompt_ids(p), max_tokens=hp.max_new_tokens, temperature=0)
-            for p, _ in samples
+            GenerationRequest(prompts[i], max_tokens=hp.max_new_tokens, temperature=0) for i in kept
         ]
         texts = generate(ops.inference_lm(), tok, requests)
         elapsed = time.perf_counter() - started
         new_tokens = sum(len(tok.encode(t)) for t in texts)
-        for (prompt, reference_text), text in zip(samples, texts, strict=True):
+        for i, text in zip(kept, texts, strict=True):
+            prompt, reference_text = samples[i]
             generations.append(
                 {
                     "prompt": prompt,

@@ -254,7 +254,7 @@ async def proxy(body: dict, path: str, name: str, revision, series) -> Response:
         ) from None
     series.counts["inputs"] += 1
 
-    def account(event: dict, first_at: float | None) -> None:
+    def account(event: dict) -> None:
         usage = event.get("usage") or {}
         series.counts["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
         series.counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
@@ -273,7 +273,7 @@ async def proxy(body: dict, path: str, name: str, revision, series) -> Response:
             }
         if isinstance(data, dict) and "model" in data:
             data["model"] = name
-            account(data, None)
+            account(data)
         series.observe((time.perf_counter() - started) * 1000)
         return JSONResponse(data, response.status_code, headers={"X-Revision": revision.key})
 
@@ -292,7 +292,7 @@ async def proxy(body: dict, path: str, name: str, revision, series) -> Response:
                     choices = event.get("choices") or []
                     if first is None and choices and (choices[0].get("delta") or {}).get("content"):
                         first = time.perf_counter()
-                    account(event, first)
+                    account(event)
                 yield _sse(event)
         finally:
             await response.aclose()
