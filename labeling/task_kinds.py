@@ -81,7 +81,7 @@ class Schema:
     def row_fields(self) -> list[str]:
         """The fields of a stored row (an instruction row keeps only its messages)."""
         if self.kind == TaskKind.INSTRUCTION:
-            return ["messages"]
+            return ["messages", "rating"]
         return self.field_names()
 
     def propose_mapping(self, columns: list[str]) -> dict[str, str]:
@@ -456,9 +456,23 @@ def _messages_from_alpaca(record: dict, norm: Normalizer) -> list[dict]:
 
 
 def _build_instruction(record, norm, labels):
+    row = {"messages": _instruction_messages(record, norm)}
+    rating = record.get("rating")
+    if rating not in (None, ""):
+        try:
+            rating = int(rating)
+        except (TypeError, ValueError):
+            rating = None
+        if rating is None or not 1 <= rating <= 5:
+            raise RowError("bad_rating", "rating", _("A rating is a whole number from 1 to 5."))
+        row["rating"] = rating
+    return row
+
+
+def _instruction_messages(record, norm) -> list[dict]:
     raw = _json_value(record.get("messages"), "messages")
     if raw is None or raw == "" or raw == []:
-        return {"messages": _messages_from_alpaca(record, norm)}
+        return _messages_from_alpaca(record, norm)
     if not isinstance(raw, list):
         raise RowError("bad_messages", "messages", _("The messages must be a list of turns."))
     messages = []
@@ -480,7 +494,7 @@ def _build_instruction(record, norm, labels):
             raise RowError("empty_turn", "messages", _("Turn %(n)d is empty.") % {"n": i})
         messages.append({"role": role, "content": content})
     _check_order(messages)
-    return {"messages": messages}
+    return messages
 
 
 def _check_order(messages: list[dict]) -> None:
@@ -747,6 +761,8 @@ SCHEMAS: dict[str, Schema] = {
             Field("input", False, ("输入", "context", "上下文")),
             Field("output", False, ("输出", "response", "answer", "回答", "答案")),
             Field("system", False, ("系统", "system_prompt")),
+            # An annotator's 1–5 rating of the response (Label Studio's Rating).
+            Field("rating", False, ("评分",)),
         ),
         label_field=None,
         text_fields=("messages",),

@@ -62,6 +62,13 @@ class JobForm(forms.Form):
     max_new_tokens = forms.IntegerField(
         min_value=1, required=False, label=_("New tokens per evaluation generation")
     )
+    min_rating = forms.IntegerField(
+        min_value=0,
+        max_value=5,
+        required=False,
+        label=_("Minimum rating"),
+        help_text=_("Instruction rows rated lower by annotators do not train; 0: all."),
+    )
 
     LLM_HYPERPARAMETERS = (
         "method",
@@ -74,6 +81,7 @@ class JobForm(forms.Form):
         "packing",
         "dpo_beta",
         "max_new_tokens",
+        "min_rating",
     )
     HYPERPARAMETERS = (
         "epochs",

@@ -163,7 +163,9 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
     hp = spec.hp
     objective = data.OBJECTIVES[spec.task_kind]
     started = time.perf_counter()
-    rows = {s: load_rows(workdir, s, spec.task_kind) for s in ("train", "dev", "test")}
+    rows = {
+        s: load_rows(workdir, s, spec.task_kind, hp.min_rating) for s in ("train", "dev", "test")
+    }
     if not rows["train"]:
         raise ValueError("the dataset version has no answered rows in its train split")
     tok = tokenizer_for(spec, workdir, rows["train"])
@@ -304,11 +306,16 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
     return state
 
 
-def load_rows(workdir: Path, split: str, task_kind: str) -> list[dict]:
+def load_rows(workdir: Path, split: str, task_kind: str, min_rating: int = 0) -> list[dict]:
+    """The split's answered rows, without those rated below ``min_rating``."""
     path = workdir / "data" / f"{split}.jsonl"
     if not path.exists():
         return []
-    return [r for r in data.read_rows(path) if data.is_labeled(task_kind, r)]
+    return [
+        r
+        for r in data.read_rows(path)
+        if data.is_labeled(task_kind, r) and (r.get("rating") or min_rating) >= min_rating
+    ]
 
 
 def _reference_logps(ops, tok, examples, checkpoint: Path, batch_size: int) -> dict:

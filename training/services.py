@@ -327,7 +327,9 @@ def base_model_from_version(
     files = {
         rel.removeprefix(MODEL_EXPORT): meta
         for rel, meta in version.files.items()
-        if rel.startswith(MODEL_EXPORT) and rel != MODEL_EXPORT + MANIFEST
+        if rel.startswith(MODEL_EXPORT)
+        and rel != MODEL_EXPORT + MANIFEST
+        and not rel.startswith(MODEL_EXPORT + "adapter/")  # the merged weights hold it
     }
     with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:
         directory = Path(tmp)
@@ -436,6 +438,7 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
         (hp.dpo_beta > 0, "dpo_beta > 0"),
         (1 <= hp.max_new_tokens <= 4096, "1 ≤ max_new_tokens ≤ 4096"),
         (0 <= hp.eval_generations <= 200, "0 ≤ eval_generations ≤ 200"),
+        (0 <= hp.min_rating <= 5, "0 ≤ min_rating ≤ 5"),
     ]
     for ok, rule in checks:
         if not ok:

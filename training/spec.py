@@ -56,6 +56,8 @@ class Hyperparameters:
     packing: bool = False
     # DPO's temperature of the implicit reward.
     dpo_beta: float = 0.1
+    # Instruction rows rated below this by annotators (1–5) do not train; 0 keeps all.
+    min_rating: int = 0
     # Generations for held-out prompts in the evaluation.
     max_new_tokens: int = 64
     eval_generations: int = 20

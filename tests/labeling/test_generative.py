@@ -89,6 +89,8 @@ def test_each_bad_conversation_is_reported_by_row_and_reason(tmp_path):
         {"instruction": "", "output": "没有问题的回答"},
         # Awaiting its response: kept for labeling, and the report says so.
         {"messages": [{"role": "user", "content": "请写一首关于秋天的诗"}]},
+        {**good, "rating": 9},
+        {"instruction": "问好", "output": "你好！", "rating": "4"},
     ]
     result = run(records, "instruction", tmp_path)
     report = report_of(result)
@@ -101,9 +103,11 @@ def test_each_bad_conversation_is_reported_by_row_and_reason(tmp_path):
         6: ("bad_messages", "rejected"),
         7: ("empty_turn", "rejected"),
         8: ("no_assistant_turn", "kept"),
+        9: ("bad_rating", "rejected"),
     }
     assert "Turn 2" in report[3]["message"] and "Turn 1" in report[2]["message"]
-    assert result.rows == 2 and result.stats["unlabeled"] == 1
+    assert result.rows == 3 and result.stats["unlabeled"] == 1
+    assert rows_of(result)[2]["rating"] == 4
 
 
 def test_preference_pairs_judged_and_to_judge(tmp_path):
@@ -248,6 +252,7 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
         *waiting["messages"],
         {"role": "assistant", "content": "秋风起兮白云飞。"},
     ]
+    assert rows[0]["rating"] == 5  # the annotator's rating travels with the response
 
     pairs = services.dataset_create(actor=owner, team=team, name="偏好", task_kind="preference")
     pair = {"prompt": "推荐一本书", "response_a": "不知道", "response_b": "《红楼梦》"}

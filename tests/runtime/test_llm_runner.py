@@ -129,3 +129,18 @@ def test_a_killed_runner_resumes_from_its_checkpoint(tmp_path):
     steps = [e["step"] for e in seen_again if e["kind"] == "loss"]
     assert min(steps) > resumed["step"] and steps[-1] == 6 * 9  # 65 rows in batches of 8
     assert json.loads((directory / "evaluation.json").read_text())["steps"] == 6 * 9
+
+
+def test_rows_rated_below_min_rating_do_not_train(tmp_path):
+    from training.llm import load_rows
+
+    rows = sums(4)
+    rows[0]["rating"], rows[1]["rating"], rows[2]["rating"] = 1, 4, 5  # rows[3]: unrated
+    rows.append({"messages": [{"role": "user", "content": "还没有回答"}]})
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8"
+    )
+    assert len(load_rows(tmp_path, "train", "instruction")) == 4  # the unanswered row is out
+    kept = load_rows(tmp_path, "train", "instruction", min_rating=4)
+    assert [r.get("rating") for r in kept] == [4, 5, None]  # unrated rows are kept

@@ -43,6 +43,10 @@ def test_lora_sft_and_dpo_train_with_each_backend(team, owner, make_dataset, kin
     weights = {"paddle": "model_state.pdparams", "torch": "model.safetensors"}[backend]
     for name in (weights, "config.json", "tokenizer.json", "tokenizer_config.json"):
         assert f"export/{name}" in model.files
+    # The LoRA adapter alone comes with the merged weights.
+    assert model.manifest["adapter_dir"] == "adapter"
+    adapter = {"paddle": "lora_model_state.pdparams", "torch": "adapter_model.safetensors"}
+    assert f"export/adapter/{adapter[backend]}" in model.files
     config = json.loads(default_storage.open(model.storage_prefix + "export/config.json").read())
     assert config["num_hidden_layers"] == 2  # LoRA merged: a plain model of the architecture
 

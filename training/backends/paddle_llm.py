@@ -16,6 +16,7 @@ from training.presets import LLM_PRESETS
 from training.spec import JobSpec
 
 TRAINED = "trained.pdparams"
+ADAPTER = "adapter"
 OPTIMIZER = "optimizer.pdopt"
 
 
@@ -166,12 +167,17 @@ class PaddleLLMOps:
 
     def export(self, directory: Path) -> dict:
         model = self.model
+        files = {"model_file": "model_state.pdparams", "config_file": "config.json"}
         if self.spec.hp.method == "lora":
+            # The adapter alone as well (lora_model_state.pdparams, lora_config.json), for
+            # whoever applies it to the base model elsewhere.
+            model.save_pretrained(str(directory / ADAPTER))
+            files["adapter_dir"] = ADAPTER
             model.merge()
             model = model.restore_original_model()
         model.eval()
         model.save_pretrained(str(directory))
-        return {"model_file": "model_state.pdparams", "config_file": "config.json"}
+        return files
 
     def peak_memory_mb(self) -> float | None:
         import paddle

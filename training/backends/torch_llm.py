@@ -16,6 +16,7 @@ from training.presets import LLM_PRESETS
 from training.spec import JobSpec
 
 TRAINED = "trained.pt"
+ADAPTER = "adapter"
 OPTIMIZER = "optimizer.pt"
 
 
@@ -170,11 +171,17 @@ class TorchLLMOps:
 
     def export(self, directory: Path) -> dict:
         model = self.model
+        files = {"model_file": "model.safetensors", "config_file": "config.json"}
         if self.spec.hp.method == "lora":
+            # The adapter alone as well (peft's adapter_model.safetensors and
+            # adapter_config.json), for engines that load LoRA adapters onto the base.
+            model.save_pretrained(str(directory / ADAPTER))
+            (directory / ADAPTER / "README.md").unlink(missing_ok=True)  # peft's model card
+            files["adapter_dir"] = ADAPTER
             model = model.merge_and_unload()
         model.eval()
         model.save_pretrained(str(directory), safe_serialization=True)
-        return {"model_file": "model.safetensors", "config_file": "config.json"}
+        return files
 
     def peak_memory_mb(self) -> float | None:
         import torch
