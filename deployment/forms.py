@@ -18,9 +18,13 @@ class KnobsForm(forms.Form):
     engine = forms.ChoiceField(
         choices=[(BUILTIN, _("the platform's own")), *((e, e) for e in ENGINES)],
         initial=BUILTIN,
+        required=False,
         label=_("Engine"),
         help_text=_("Large models only: an LLM engine installed on the serving hosts."),
     )
+
+    def clean_engine(self) -> str:
+        return self.cleaned_data.get("engine") or BUILTIN
 
 
 class DeployForm(KnobsForm):
