@@ -8,6 +8,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from console.models import HashedKey, Team
+from training.data import OBJECTIVES
 from training.models import ModelVersion
 
 
@@ -59,6 +60,14 @@ class Endpoint(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def inference_url(self) -> str:
+        """Where applications send their requests: OpenAI's chat completions for a generative
+        model (``model`` names the endpoint), the predict route otherwise."""
+        if self.task_kind in OBJECTIVES:
+            return f"{settings.SERVING_PUBLIC_URL}/v1/chat/completions"
+        return f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{self.name}:predict"
 
 
 class Revision(models.Model):

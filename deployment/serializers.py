@@ -1,4 +1,3 @@
-from django.conf import settings
 from rest_framework import serializers
 
 from deployment.models import Endpoint, EndpointKey, Placement, Revision
@@ -58,8 +57,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         ]
 
     def get_url(self, endpoint: Endpoint) -> str:
-        """Where applications send their requests."""
-        return f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{endpoint.name}:predict"
+        return endpoint.inference_url
 
 
 class EndpointDetailSerializer(EndpointSerializer):

@@ -75,7 +75,6 @@ def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
     active = [r for r in revisions if r.status == "active"]
     generative = endpoint.task_kind in OBJECTIVES
-    path = "/v1/chat/completions" if generative else f"/v1/endpoints/{endpoint.name}:predict"
     return render(
         request,
         "deployment/endpoint.html",
@@ -87,7 +86,7 @@ def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
             "state_label": selectors.ENDPOINT_STATES[state],
             "revisions": revisions,
             "active": active,
-            "url": settings.SERVING_PUBLIC_URL + path,
+            "url": endpoint.inference_url,
             "keys": selectors.endpoint_keys(endpoint),
             "new_key": request.session.pop("new_endpoint_key", None),
             "key_form": KeyForm(),
