@@ -18,7 +18,7 @@ ifeq ($(LABEL_STUDIO_URL),)
 LABEL_STUDIO := labelstudio
 endif
 
-.PHONY: install install-test runtime labelstudio run test lint messages bench
+.PHONY: install install-test runtime labelstudio run test lint messages bench offline-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,3 +75,9 @@ messages: install
 
 bench: install-test
 	@set -e; for f in benchmarks/[!_]*.py; do [ -e "$$f" ] || continue; echo "== $$f"; $(PY) "$$f"; done
+
+# The air-gapped install (platform/offline/README.md): on a machine with registry access, one
+# archive with the wheelhouses of the three venvs, the static files and install.sh, in dist/.
+OFFLINE_DIR ?= dist
+offline-bundle: $(VENV)/.installed
+	$(PY) platform/offline/build.py --output $(OFFLINE_DIR)

@@ -20,6 +20,7 @@ from console.serializers import (
     InviteSerializer,
     MembershipSerializer,
     NewApiTokenSerializer,
+    NodeSerializer,
     RoleSerializer,
     TeamSerializer,
     UserSerializer,
@@ -45,6 +46,14 @@ class HealthView(APIView):
     def get(self, request: Request) -> Response:
         checks = health.platform_health()
         return Response([c.as_dict() for c in checks])
+
+
+class NodeList(APIView):
+    """The nodes, their devices and what holds each (named for the holder's team only)."""
+
+    @extend_schema(responses=NodeSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(NodeSerializer(selectors.nodes_overview(request.user), many=True).data)
 
 
 class TokenListCreate(generics.ListCreateAPIView):

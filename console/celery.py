@@ -1,8 +1,12 @@
 """The Celery app of the platform, and the one place that routes tasks to queues."""
 
+import json
+import logging
 import os
+import threading
 
 from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
 
 from console.hardware import train_queues
 
@@ -41,3 +45,55 @@ app.conf.beat_schedule = {
     },
 }
 app.autodiscover_tasks()
+
+
+# A train worker (started by `manage.py train_worker`) beats for its node: the nodes page shows
+# when it stopped, and jobs wait for live nodes only.
+_node_beating = threading.Event()
+
+
+@worker_ready.connect
+def _start_node_heartbeat(**_kwargs) -> None:
+    if not os.environ.get("PLATFORM_TRAIN_WORKER"):
+        return
+    from django.conf import settings
+    from django.db import close_old_connections
+
+    from console.hardware import NodeDevice
+    from console.services import node_heartbeat, node_register
+
+    registration = json.loads(os.environ.get("PLATFORM_NODE_REGISTRATION") or "{}")
+    devices = [NodeDevice(**d) for d in registration.get("devices", [])]
+
+    def beat() -> None:
+        while True:
+            try:
+                close_old_connections()
+                if not node_heartbeat(settings.NODE_NAME) and devices:
+                    # The node's row went away (deleted, a database restored): register again.
+                    node_register(
+                        name=settings.NODE_NAME,
+                        devices=devices,
+                        simulated=registration.get("simulated", False),
+                    )
+            except Exception:  # the database away for a while: beat again later
+                logging.getLogger(__name__).exception("node heartbeat failed")
+            if _node_beating.wait(settings.NODE_HEARTBEAT_S):
+                return
+
+    threading.Thread(target=beat, name="node-heartbeat", daemon=True).start()
+
+
+@worker_shutdown.connect
+def _stop_node_heartbeat(**_kwargs) -> None:
+    if not os.environ.get("PLATFORM_TRAIN_WORKER"):
+        return
+    from django.conf import settings
+
+    from console.services import node_stop
+
+    _node_beating.set()
+    try:
+        node_stop(settings.NODE_NAME)
+    except Exception:
+        logging.getLogger(__name__).exception("could not mark node stopped")

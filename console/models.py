@@ -133,3 +133,58 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_username} {self.action}"
+
+
+class Node(models.Model):
+    """A machine that runs a train worker: registered with its devices when the worker starts,
+    kept alive by its heartbeat. Infrastructure of the whole installation, not of one team."""
+
+    name = models.CharField(_("name"), max_length=200, unique=True)
+    queues = models.JSONField(default=list)
+    # Devices declared by PLATFORM_DEVICES, not detected: its jobs run on the CPU underneath.
+    simulated = models.BooleanField(default=False)
+    # What the hardware probe reported (framework versions and builds), or its error.
+    facts = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def alive(self) -> bool:
+        age = (timezone.now() - self.heartbeat_at).total_seconds()
+        return self.stopped_at is None and age < settings.NODE_STALE_S
+
+
+class Device(models.Model):
+    """One device of a node, held by at most one job at a time (``holder``): two jobs never
+    share a card. The holder is named by key (``training_job:42``) so that this app knows
+    nothing of the apps that hold devices."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    device_type = models.CharField(max_length=20)
+    index = models.PositiveIntegerField()
+    name = models.CharField(max_length=200, blank=True)
+    memory = models.BigIntegerField(null=True, blank=True)
+    holder = models.CharField(max_length=100, blank=True, db_index=True)
+    holder_label = models.CharField(max_length=200, blank=True)
+    holder_team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    held_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "device_type", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "device_type", "index"], name="device_unique_per_node"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.device_type}:{self.index}"

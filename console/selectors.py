@@ -3,10 +3,11 @@
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404
+from django.utils.translation import gettext as _
 
-from console.models import ApiToken, AuditEvent, Membership, Team
+from console.models import ApiToken, AuditEvent, Device, Membership, Node, Team
 
 
 def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
@@ -91,3 +92,31 @@ def team_audit_events(
 
 def audit_actions(team: Team) -> list[str]:
     return sorted(set(team_audit_events(team).values_list("action", flat=True)))
+
+
+def nodes_overview(user: AbstractBaseUser) -> list[Node]:
+    """Every node with its devices, in two queries. What holds a device is named to members of
+    the holder's team and to site administrators; others see that a device is taken."""
+    teams = set(teams_for_user(user).values_list("pk", flat=True))
+    nodes = list(Node.objects.prefetch_related("devices"))
+    for node in nodes:
+        for device in node.devices.all():
+            if not device.holder:
+                device.shown_holder = ""
+            elif user.is_staff or device.holder_team_id in teams:
+                device.shown_holder = device.holder_label
+            else:
+                device.shown_holder = _("a job of another team")
+    return nodes
+
+
+def live_nodes_with(device_type: str) -> list[tuple[Node, int]]:
+    """The live nodes that have ``device_type``, with how many such devices each has."""
+    rows = (
+        Device.objects.filter(device_type=device_type, node__stopped_at__isnull=True)
+        .values("node")
+        .annotate(n=Count("id"))
+    )
+    counts = {r["node"]: r["n"] for r in rows}
+    nodes = Node.objects.filter(pk__in=counts)
+    return [(node, counts[node.pk]) for node in nodes if node.alive]

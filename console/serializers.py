@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from console.models import ApiToken, AuditEvent, Membership, Team
+from console.models import ApiToken, AuditEvent, Device, Membership, Node, Team
 from console.roles import Role
 
 
@@ -80,3 +80,29 @@ class HealthCheckSerializer(serializers.Serializer):
     name = serializers.CharField()
     ok = serializers.BooleanField()
     detail = serializers.CharField()
+
+
+class DeviceSerializer(serializers.ModelSerializer):
+    held_by = serializers.CharField(source="shown_holder", read_only=True)
+
+    class Meta:
+        model = Device
+        fields = ["device_type", "index", "name", "memory", "held_by", "held_since"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    alive = serializers.BooleanField(read_only=True)
+    devices = DeviceSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "name",
+            "alive",
+            "simulated",
+            "queues",
+            "started_at",
+            "heartbeat_at",
+            "stopped_at",
+            "devices",
+        ]

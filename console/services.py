@@ -8,11 +8,14 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Model
+from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
+from console import hardware
+from console.hardware import NodeDevice
 from console.middleware import client_ip
-from console.models import ApiToken, AuditEvent, Membership, Team
+from console.models import ApiToken, AuditEvent, Device, Membership, Node, Team
 from console.roles import Role
 
 User = get_user_model()
@@ -196,3 +199,114 @@ def user_set_active(
     user.save(update_fields=["is_active"])
     audit_record(action="user.activate" if active else "user.deactivate", actor=actor, target=user)
     return user
+
+
+# -- Nodes and their devices ------------------------------------------------------------------
+
+
+class DevicesBusy(Exception):
+    """The node's devices of that type are held by other jobs now; the message says so."""
+
+
+@transaction.atomic
+def node_register(
+    *, name: str, devices: list[NodeDevice], simulated: bool, facts: dict | None = None
+) -> Node:
+    """A train worker starts on ``name``: its devices and queues, as found now. A node that
+    starts again held nothing any more (its jobs died with its worker): they are released,
+    and the devices it no longer has are forgotten."""
+    queues = sorted({hardware.profile(d.device_type).queue for d in devices})
+    now = timezone.now()
+    found = {"queues": queues, "simulated": simulated, "started_at": now, "heartbeat_at": now}
+    if facts is not None:
+        found["facts"] = facts
+    node, _created = Node.objects.select_for_update().update_or_create(
+        name=name, defaults={**found, "stopped_at": None}
+    )
+    keep = []
+    for d in devices:
+        device, _ = Device.objects.update_or_create(
+            node=node,
+            device_type=d.device_type,
+            index=d.index,
+            defaults={"name": d.name, "memory": d.memory, **_FREE},
+        )
+        keep.append(device.pk)
+    node.devices.exclude(pk__in=keep).delete()
+    return node
+
+
+def node_heartbeat(name: str) -> bool:
+    """The node's worker is alive; False when the node is not registered (any more)."""
+    return bool(Node.objects.filter(name=name).update(heartbeat_at=timezone.now(), stopped_at=None))
+
+
+def node_stop(name: str) -> None:
+    """The train worker of ``name`` shuts down cleanly."""
+    Node.objects.filter(name=name).update(stopped_at=timezone.now())
+
+
+_FREE = {"holder": "", "holder_label": "", "holder_team": None, "held_since": None}
+
+
+@transaction.atomic
+def devices_acquire(
+    *, node_name: str, device_type: str, count: int, holder: str, label: str, team: Team
+) -> list[Device]:
+    """Hold ``count`` free devices of ``device_type`` on the node for ``holder``, exclusively
+    (row locks: two workers of one node never take the same card). What ``holder`` held
+    before (an earlier attempt, on any node) is released first. Raises DevicesBusy."""
+    Device.objects.filter(holder=holder).update(**_FREE)
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        raise DevicesBusy(
+            _("Node %(node)s is not registered: start train workers with manage.py train_worker.")
+            % {"node": node_name}
+        )
+    devices = list(
+        Device.objects.select_for_update()
+        .filter(node=node, device_type=device_type)
+        .order_by("index")
+    )
+    free = [d for d in devices if not d.holder]
+    if len(free) < count:
+        raise DevicesBusy(
+            _(
+                "Waiting: %(free)d of %(total)d %(device)s devices of node %(node)s are free, "
+                "the job needs %(n)d."
+            )
+            % {
+                "free": len(free),
+                "total": len(devices),
+                "device": device_type,
+                "node": node_name,
+                "n": count,
+            }
+        )
+    now = timezone.now()
+    taken = []
+    for d in free:
+        # Taken only if still free (a compare-and-set: row locks are no-ops on SQLite).
+        if Device.objects.filter(pk=d.pk, holder="").update(
+            holder=holder, holder_label=label[:200], holder_team=team, held_since=now
+        ):
+            d.holder, d.holder_label, d.holder_team, d.held_since = holder, label, team, now
+            taken.append(d)
+            if len(taken) == count:
+                return taken
+    raise DevicesBusy(  # another worker of the node was quicker; the transaction rolls back
+        _("Waiting: the %(device)s devices of node %(node)s were just taken.")
+        % {"device": device_type, "node": node_name}
+    )
+
+
+def devices_release(holder: str) -> int:
+    """Whatever ``holder`` holds becomes free; returns how many devices."""
+    return Device.objects.filter(holder=holder).update(**_FREE)
+
+
+def devices_release_all_but(prefix: str, holders: set[str]) -> int:
+    """Free devices held under ``prefix`` by holders not in ``holders`` (those that ended
+    without releasing: a worker killed). Returns how many."""
+    stale = Device.objects.filter(holder__startswith=prefix).exclude(holder__in=holders)
+    return stale.update(**_FREE)

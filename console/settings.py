@@ -5,6 +5,7 @@ Defaults run the whole platform on one machine with nothing configured: SQLite a
 """
 
 import os
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -44,6 +45,10 @@ if not DEBUG:
         )
 
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+# Behind a TLS proxy that sets X-Forwarded-Proto (platform/nginx/): requests are HTTPS. Only
+# where the proxy is the sole way in; a client reaching Django directly could claim HTTPS.
+if env_bool("BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 DATA_DIR = Path(os.environ.get("PLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
 
@@ -204,6 +209,20 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_TASK_DEFAULT_PRIORITY = 5
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# -- Nodes -----------------------------------------------------------------------------------
+
+# This node's name in the registry (default: the host name); a train worker registers it with
+# its devices (`manage.py train_worker`) and beats every NODE_HEARTBEAT_S seconds.
+NODE_NAME = os.environ.get("PLATFORM_NODE_NAME") or socket.gethostname()
+# Declared devices instead of detected ones, e.g. `npu:2` or `cpu:1,gpu:4`: a simulated node
+# whose jobs run on the CPU underneath (tests, demonstrations). Empty: detect.
+NODE_DEVICES = os.environ.get("PLATFORM_DEVICES", "")
+# CPU jobs one node runs at once (its CPU "slots") when devices are detected.
+NODE_CPU_SLOTS = int(os.environ.get("PLATFORM_CPU_SLOTS", "1"))
+NODE_HEARTBEAT_S = float(os.environ.get("PLATFORM_NODE_HEARTBEAT_S", "15"))
+# A node that has not beaten for this long is shown as stopped; its jobs wait for others.
+NODE_STALE_S = float(os.environ.get("PLATFORM_NODE_STALE_S", "60"))
 
 # -- Training --------------------------------------------------------------------------------
 

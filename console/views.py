@@ -1,4 +1,5 @@
-"""Console pages of the platform core: dashboard, teams, members, API tokens, audit, users."""
+"""Console pages of the platform core: dashboard, teams, members, API tokens, audit, users,
+nodes."""
 
 from functools import wraps
 
@@ -14,7 +15,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console import health, selectors, services
+from console import hardware, health, selectors, services
 from console.forms import AuditFilterForm, InviteForm, RoleForm, TeamForm, TokenForm, UserForm
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
@@ -64,6 +65,16 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def health_panel(request: HttpRequest) -> HttpResponse:
     """The health panel of the dashboard, refreshed by htmx."""
     return render(request, "console/_health.html", {"checks": health.platform_health()})
+
+
+@login_required
+def nodes(request: HttpRequest) -> HttpResponse:
+    """The machines that train: their devices, what holds each, and whose heartbeat stopped."""
+    return render(
+        request,
+        "console/nodes.html",
+        {"nodes": selectors.nodes_overview(request.user), "profiles": hardware.profiles().values()},
+    )
 
 
 @team_view(write=Perm.TEAM_MANAGE)

@@ -118,6 +118,26 @@ def test_database_url() -> str:
 
 def start_worker(queues: str, name: str, pool: str = "solo", env: dict | None = None):
     """A real Celery worker on the suite's Redis and test database; returns once it answers."""
+    command = ["-m", "celery", "-A", "console", "worker", "--queues", queues]
+    command += ["--concurrency", "1", "--pool", pool, "--hostname", f"{name}@%h"]
+    return _start([*command, "--loglevel", "WARNING"], name, env)
+
+
+def start_train_worker(node: str, devices: str, env: dict | None = None):
+    """A real train worker as `make run` starts it (``manage.py train_worker``): a node of its
+    own, with declared devices (PLATFORM_DEVICES: ``npu:2`` runs on the CPU underneath)."""
+    # Beating every second: a transactional test's flush deletes the node's row, and the next
+    # beat registers it again.
+    env = {
+        "PLATFORM_NODE_NAME": node,
+        "PLATFORM_DEVICES": devices,
+        "PLATFORM_NODE_HEARTBEAT_S": "1",
+        **(env or {}),
+    }
+    return _start(["manage.py", "train_worker", "--loglevel", "WARNING"], f"train@{node}", env)
+
+
+def _start(command: list[str], name: str, env: dict | None):
     from console.health import check_workers
 
     env = {
@@ -126,28 +146,7 @@ def start_worker(queues: str, name: str, pool: str = "solo", env: dict | None = 
         "DATABASE_URL": test_database_url(),
         **(env or {}),
     }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "console",
-            "worker",
-            "--queues",
-            queues,
-            "--concurrency",
-            "1",
-            "--pool",
-            pool,
-            "--hostname",
-            f"{name}@%h",
-            "--loglevel",
-            "WARNING",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
+    proc = subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env)
     deadline = time.monotonic() + 60
     while name not in check_workers(timeout=1).detail:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -177,9 +176,9 @@ def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
 
 @pytest.fixture(scope="session")
 def train_worker(django_db_setup, celery_worker_process):
-    """A real train worker: prefork (so that a killed job process is a lost worker, and its
-    task is given back), queue train.cpu, beside the suite's `default` worker."""
-    proc = start_worker("train.cpu", f"train-{os.getpid()}", pool="prefork")
+    """A real train worker (prefork: a killed job process is a lost worker, and its task is
+    given back) on a node with two CPU slots, queue train.cpu, beside the `default` worker."""
+    proc = start_train_worker(f"suite-{os.getpid()}", "cpu:2")
     yield proc
     stop_worker(proc)
 

@@ -166,6 +166,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     world, rank = getattr(ops, "world", 1), getattr(ops, "rank", 0)
     if rank:
         emit = _silent
+    elif world > 1:
+        emit("log", message=f"{world} processes train this job, each on its share of a batch")
     state = {"epoch": 0, "step": 0, "best": None, "best_step": 0, "bad_evals": 0, "history": []}
     if (checkpoint / "state.json").exists():
         ops.load(checkpoint, with_optimizer=True)

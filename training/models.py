@@ -101,6 +101,9 @@ class TrainingJob(models.Model):
     # Where the supervising task runs: a job found running whose process is gone was lost.
     node = models.CharField(max_length=200, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
+    # The indices of the node's devices the job holds (console.Device); the runner sees only
+    # those, through the device type's visibility variable.
+    devices = models.JSONField(default=list, blank=True)
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField(default=0)
     epoch = models.PositiveIntegerField(default=0)

@@ -49,6 +49,10 @@ def run(workdir: Path) -> dict:
     from training.spec import JobSpec
 
     spec = JobSpec.load(workdir)
+    if spec.visibility_env and not process_rank():
+        # What this process sees: the job's own cards only (set by the train worker).
+        seen = os.environ.get(spec.visibility_env, "")
+        print(f"devices: {spec.device} via {spec.visibility_env}={seen}")
     emit("state", phase="loading")
     backend = get_backend(spec.backend)
     state = backend.train(spec, workdir, emit) or {}

@@ -8,7 +8,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -31,8 +30,15 @@ from django.utils.translation import gettext as _
 from jinja2 import TemplateError
 
 from console.hardware import profile
-from console.models import Team
-from console.services import audit_record
+from console.models import Node, Team
+from console.selectors import live_nodes_with
+from console.services import (
+    DevicesBusy,
+    audit_record,
+    devices_acquire,
+    devices_release,
+    devices_release_all_but,
+)
 from labeling.models import DatasetVersion
 from training import storage
 from training.backends import available as available_backends
@@ -491,6 +497,10 @@ def token_report(
     }
 
 
+# Backends whose jobs run on several devices, under their framework's launcher (runner_command).
+MULTI_DEVICE_BACKENDS = ("paddle", "torch")
+
+
 @transaction.atomic
 def training_job_submit(
     *,
@@ -566,19 +576,32 @@ def training_job_submit(
     if device_count < 1:
         raise ValidationError(_("A job needs at least one device."))
     if device_count > 1 and generative:
-        raise ValidationError(
-            _("Large models train on one device for now; several devices come with the nodes.")
-        )
-    if device_count > 1 and backend != "paddle":
+        raise ValidationError(_("Large models train on one device for now."))
+    if device_count > 1 and backend not in MULTI_DEVICE_BACKENDS:
         raise ValidationError(
             _(
-                "Training on several devices runs on the paddle backend (Paddle's distributed "
-                "launcher); the %(backend)s backend trains on one device."
+                "Training on several devices runs on the paddle and torch backends (their "
+                "launchers); the %(backend)s backend trains on one device."
             )
             % {"backend": backend}
         )
     if priority not in TrainingJob.Priority.values:
         raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
+    nodes = live_nodes_with(device.name)
+    most = max((n for _node, n in nodes), default=0)
+    if nodes and device_count > most:
+        raise ValidationError(
+            _(
+                "No node has %(n)d %(device)s devices: the most on one node is %(most)d "
+                "(%(nodes)s). A job runs on the devices of one node."
+            )
+            % {
+                "n": device_count,
+                "device": device.label,
+                "most": most,
+                "nodes": ", ".join(node.name for node, n in nodes if n == most),
+            }
+        )
     data_report = {}
     if generative:
         try:
@@ -608,6 +631,7 @@ def training_job_submit(
         priority=priority,
         origin=origin,
         data_report=data_report,
+        waiting_reason="" if nodes else _no_node_reason(device.name),
         celery_task_id=uuid.uuid4().hex,
         created_by=actor,
     )
@@ -711,7 +735,7 @@ def _revoke(task_id: str) -> None:
 # -- Running a job (on a train worker) ---------------------------------------------------------
 
 
-class TeamLimitReached(Exception):
+class JobMustWait(Exception):
     pass
 
 
@@ -738,10 +762,11 @@ def _finish(job: TrainingJob, status: str, error: str = "") -> None:
 
 def training_job_claim(job_id: int, worker: str) -> TrainingJob | None:
     """Take a job for this worker, or say why not: None when it is over (cancelled, done, or
-    running elsewhere), TeamLimitReached when the team runs as many jobs as it may."""
+    running elsewhere), JobMustWait when the team runs as many jobs as it may or the node's
+    devices are held by other jobs (the job's waiting reason says which)."""
     claimed = _claim(job_id, worker)
     if isinstance(claimed, str):
-        raise TeamLimitReached(claimed)
+        raise JobMustWait(claimed)
     return claimed
 
 
@@ -784,10 +809,24 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
                 job.waiting_reason = reason
                 job.save(update_fields=["waiting_reason"])
             return reason
+    try:
+        held = devices_acquire(
+            node_name=settings.NODE_NAME,
+            device_type=job.device_type,
+            count=job.device_count,
+            holder=device_holder(job),
+            label=f"#{job.pk} {job.name}",
+            team=job.team,
+        )
+    except DevicesBusy as exc:
+        job.waiting_reason = str(exc)[:300]
+        job.save(update_fields=["waiting_reason"])
+        return job.waiting_reason
     job.status = TrainingJob.Status.RUNNING
     job.attempts += 1
     job.worker = worker
-    job.node = socket.gethostname()
+    job.node = settings.NODE_NAME
+    job.devices = [d.index for d in held]
     job.pid = os.getpid()
     job.started_at = job.started_at or now
     job.heartbeat_at = now
@@ -798,7 +837,7 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
 
 
 def _still_running(job: TrainingJob, now) -> bool:
-    if job.node == socket.gethostname() and job.pid:
+    if job.node == settings.NODE_NAME and job.pid:
         try:
             os.kill(job.pid, 0)
         except ProcessLookupError:
@@ -821,8 +860,9 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
         base_model_dir=str(base_dir) if job.base_model_id else None,
         hyperparameters=Hyperparameters.from_dict(job.hyperparameters),
         device_type=job.device_type,
-        device=profile(job.device_type).paddle_device,
+        device=runner_device(job),
         device_count=job.device_count,
+        visibility_env=profile(job.device_type).visibility_env,
     ).save(workdir)
     data = workdir / "data"
     if not (data / ".complete").exists():
@@ -852,15 +892,24 @@ def _die_with_parent() -> None:
 
 
 def runner_command(job: TrainingJob, workdir: Path) -> list[str]:
-    """The runner alone, or under Paddle's launcher for several devices: one process per device
-    (gloo between CPU processes), the first one's output on our pipe, the others' in log/."""
-    if job.device_count == 1:
+    """The runner alone, or one process per device under the framework's launcher: Paddle's
+    (``paddle.distributed.launch``) or torch's (``torchrun``), gloo between CPU processes. The
+    first process's output comes on our pipe, the others' go to ``log/``."""
+    script = [str(Path(settings.BASE_DIR) / "training" / "run.py"), str(workdir)]
+    n = job.device_count
+    if n == 1:
         return [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)]
+    if job.backend == "torch":
+        # --standalone: a rendezvous on a free port, so that jobs of one node do not collide.
+        launch = [settings.TRAINING_PYTHON, "-m", "torch.distributed.run", "--standalone"]
+        launch += ["--nnodes", "1", "--nproc_per_node", str(n), "--log-dir", str(workdir / "log")]
+        launch += ["--redirects", ",".join(f"{rank}:3" for rank in range(1, n))]
+        return [*launch, *script]
     launch = [settings.TRAINING_PYTHON, "-m", "paddle.distributed.launch", "--nnodes", "1"]
-    launch += ["--nproc_per_node", str(job.device_count), "--log_dir", str(workdir / "log")]
-    if job.device_type != "cpu":
-        launch += ["--devices", ",".join(str(i) for i in range(job.device_count))]
-    return [*launch, str(Path(settings.BASE_DIR) / "training" / "run.py"), str(workdir)]
+    launch += ["--nproc_per_node", str(n), "--log_dir", str(workdir / "log")]
+    if runner_device(job) != "cpu":
+        launch += ["--devices", ",".join(str(i) for i in range(n))]
+    return [*launch, *script]
 
 
 def runner_env(job: TrainingJob) -> dict[str, str]:
@@ -873,9 +922,31 @@ def runner_env(job: TrainingJob) -> dict[str, str]:
         env.setdefault("USE_TORCH", "0")
         env.setdefault("USE_TF", "0")
     device = profile(job.device_type)
-    if device.visibility_env and device.visibility_env not in env:
-        env[device.visibility_env] = ",".join(str(i) for i in range(job.device_count))
+    if device.visibility_env:
+        # The job's own cards only: the launcher and the framework number them from 0.
+        env[device.visibility_env] = ",".join(str(i) for i in job.devices)
     return env
+
+
+def device_holder(job: TrainingJob) -> str:
+    """The job's name as a holder of devices (console.Device.holder)."""
+    return f"{DEVICE_HOLDER_PREFIX}{job.pk}"
+
+
+DEVICE_HOLDER_PREFIX = "training_job:"
+
+
+def runner_device(job: TrainingJob) -> str:
+    """The framework's device string for the job: its profile's, or the CPU on a simulated
+    node (devices declared by PLATFORM_DEVICES)."""
+    if Node.objects.filter(name=job.node, simulated=True).exists():
+        return "cpu"
+    return profile(job.device_type).paddle_device
+
+
+def training_job_release_devices(job: TrainingJob) -> None:
+    """The job's devices are free again (its task ended, however it ended)."""
+    devices_release(device_holder(job))
 
 
 class _Supervisor:
@@ -1029,8 +1100,9 @@ def training_job_execute(job: TrainingJob) -> None:
 def training_jobs_reconcile() -> list[int]:
     """Beat: a running job whose heartbeat stopped (its whole worker died, so Redis would give
     its task back only after the visibility timeout) is queued again and resumes from its
-    checkpoint; a queued job whose device queue no worker consumes says so. Returns the ids
-    queued again."""
+    checkpoint; devices held by jobs that ended without releasing them are freed; a queued job
+    that no live node can take (no node of its device type, none with enough devices) says so.
+    Returns the ids queued again."""
     with transaction.atomic():
         stale = timezone.now() - timezone.timedelta(seconds=120)
         requeued = []
@@ -1041,27 +1113,35 @@ def training_jobs_reconcile() -> list[int]:
             job.save(update_fields=["celery_task_id"])
             transaction.on_commit(lambda job=job: _enqueue(job))
             requeued.append(job.pk)
-    queued = TrainingJob.objects.filter(status=TrainingJob.Status.QUEUED)
-    if queued.exists():
-        served = consumed_queues()
-        for job in queued:
-            queue = profile(job.device_type).queue
-            no_worker = _(
-                "Waiting: no worker serves %(queue)s (no node has a %(device)s device)."
-            ) % {"queue": queue, "device": job.device_type}
-            if queue not in served and job.waiting_reason != no_worker:
-                TrainingJob.objects.filter(pk=job.pk).update(waiting_reason=no_worker)
-            elif queue in served and job.waiting_reason == no_worker:
-                TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="")
+    # Devices held by jobs that no longer run (their worker was killed before releasing).
+    running = TrainingJob.objects.filter(status=TrainingJob.Status.RUNNING)
+    devices_release_all_but(
+        DEVICE_HOLDER_PREFIX, {device_holder(job) for job in running.only("pk")}
+    )
+    for job in TrainingJob.objects.filter(status=TrainingJob.Status.QUEUED):
+        nodes = live_nodes_with(job.device_type)
+        too_few = _("Waiting: no live node has %(n)d %(device)s devices.") % {
+            "n": job.device_count,
+            "device": job.device_type,
+        }
+        mine = {_no_node_reason(job.device_type), too_few}
+        if not nodes:
+            reason = _no_node_reason(job.device_type)
+        elif job.device_count > max(n for _node, n in nodes):
+            reason = too_few
+        elif job.waiting_reason in mine:
+            reason = ""
+        else:
+            continue  # a reason the worker gave (the team's limit, devices busy) stands
+        if reason != job.waiting_reason:
+            TrainingJob.objects.filter(pk=job.pk).update(waiting_reason=reason)
     return requeued
 
 
-def consumed_queues() -> set[str]:
-    """The queues some live worker consumes."""
-    from console.celery import app
-
-    replies = app.control.inspect(timeout=1).active_queues() or {}
-    return {q["name"] for queues in replies.values() for q in queues}
+def _no_node_reason(device_type: str) -> str:
+    return _(
+        "Waiting: no live node has a %(device)s device (queue %(queue)s); see the nodes page."
+    ) % {"device": device_type, "queue": profile(device_type).queue}
 
 
 # -- Model versions ---------------------------------------------------------------------------

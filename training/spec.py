@@ -88,6 +88,8 @@ class JobSpec:
     # DCU is "gpu" on the ROCm build).
     device: str = "cpu"
     device_count: int = 1
+    # The variable through which the job sees only its own cards (CUDA_VISIBLE_DEVICES…).
+    visibility_env: str = ""
 
     @property
     def hp(self) -> Hyperparameters:

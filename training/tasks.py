@@ -18,16 +18,21 @@ def run_training_job(self, job_id: int) -> None:
 
     Acknowledged late and rejected when the worker is lost: a worker killed mid-job puts the
     job back on its queue, and the next attempt resumes from the last checkpoint. A team at its
-    concurrency limit waits: the task comes back in a few seconds. The database unreachable
+    concurrency limit, or a node whose devices are held by other jobs, waits: the task comes
+    back in a few seconds. The job holds its devices until its task ends. The database unreachable
     (or locked) mid-way: the runner is stopped and the task retried with backoff; the job
     resumes from its checkpoint."""
     try:
         job = services.training_job_claim(job_id, self.request.hostname or "")
-    except services.TeamLimitReached:
-        # The same queue and priority: Celery's retry keeps the request's routing.
+    except services.JobMustWait:
+        # The same queue and priority: Celery's retry keeps the request's routing, and
+        # another node of the queue may take it.
         raise self.retry(countdown=5, max_retries=None) from None
     if job is not None:
-        services.training_job_execute(job)
+        try:
+            services.training_job_execute(job)
+        finally:
+            services.training_job_release_devices(job)
 
 
 @shared_task

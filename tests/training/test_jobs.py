@@ -118,15 +118,23 @@ def test_a_failed_job_says_why_and_is_retried_as_a_new_job(team, owner, make_dat
     assert retry.status == "succeeded", retry.error
 
 
-def test_two_cpu_processes_train_one_job_to_the_result_of_one_process(team, owner, make_dataset):
-    """A job on two devices runs under Paddle's launcher (two CPU processes, gloo): each trains
-    on half of every batch and the gradients are averaged, so without dropout it ends where a
-    single process ends."""
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+def test_two_cpu_processes_train_one_job_to_the_result_of_one_process(
+    team, owner, make_dataset, backend
+):
+    """A job on two devices runs under its framework's launcher (Paddle's, or torchrun: two CPU
+    processes, gloo): each trains on half of every batch and the gradients are averaged, so
+    without dropout it ends where a single process ends."""
     version = make_dataset(n=80)
     hp = {"epochs": 4, "batch_size": 16, "dropout": 0.0, "learning_rate": 2e-3}
     one, two = (
         services.training_job_submit(
-            actor=owner, team=team, dataset_version=version, hyperparameters=hp, device_count=n
+            actor=owner,
+            team=team,
+            dataset_version=version,
+            backend=backend,
+            hyperparameters=hp,
+            device_count=n,
         )
         for n in (1, 2)
     )
@@ -134,7 +142,9 @@ def test_two_cpu_processes_train_one_job_to_the_result_of_one_process(team, owne
     assert one.status == two.status == "succeeded", (one.error, two.error)
     assert one.total_steps == two.total_steps
     launched = " ".join(e.data["message"] for e in two.events.filter(kind="log"))
-    assert "nproc_per_node: 2" in launched and "with_gloo: 1" in launched
+    assert "2 processes train this job" in launched
+    if backend == "paddle":
+        assert "nproc_per_node: 2" in launched and "with_gloo: 1" in launched
 
     def losses(job):
         return {e.data["step"]: e.data["loss"] for e in job.events.filter(kind="loss")}

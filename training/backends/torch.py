@@ -53,7 +53,8 @@ def torch_device(device_type: str) -> Any:
     if device_type == "gpu":
         if not torch.cuda.is_available():
             raise RuntimeError("the job asks for a gpu but this torch build sees no CUDA device")
-        return torch.device("cuda")
+        # Under torchrun, each process its own card (of those the job may see).
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     raise ValueError(
         f"the torch backend does not run on the device type {device_type!r}: only cpu and gpu"
     )
@@ -148,8 +149,19 @@ class TorchOps:
         self.amp = spec.hp.amp and self.device.type != "cpu"
         self.scaler = torch.amp.GradScaler(self.device.type) if self.amp else None
         self.model.train()
+        # Several processes (torchrun): gradients are averaged across them (gloo between CPU
+        # processes, NCCL between cards).
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.rank = int(os.environ.get("RANK", 0))
+        self.trained = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
 
-    def _forward(self, batch: dict[str, np.ndarray]) -> Any:
+            torch.distributed.init_process_group("gloo" if self.device.type == "cpu" else "nccl")
+            ids = None if self.device.type == "cpu" else [self.device.index]
+            self.trained = DistributedDataParallel(self.model, device_ids=ids)
+
+    def _forward(self, batch: dict[str, np.ndarray], model: Any = None) -> Any:
         import torch
 
         feed = {
@@ -158,7 +170,7 @@ class TorchOps:
             if name != "token_type_ids" or self.token_types
         }
         with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
-            logits = self.model(**feed).logits
+            logits = (model or self.model)(**feed).logits
         return logits.float()  # losses and outputs in float32 under AMP too
 
     def _loss(self, logits: Any, labels: np.ndarray) -> Any:
@@ -177,7 +189,7 @@ class TorchOps:
     def train_step(self, batch: dict[str, np.ndarray], lr: float) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss = self._loss(self._forward(batch), batch["labels"])
+        loss = self._loss(self._forward(batch, self.trained), batch["labels"])
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
@@ -186,7 +198,13 @@ class TorchOps:
             loss.backward()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        loss = loss.detach()
+        if self.world > 1:  # the loss of the whole batch: the mean of the processes' shares
+            import torch
+
+            torch.distributed.all_reduce(loss)
+            return float(loss) / self.world
+        return float(loss)
 
     def logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         import torch

@@ -1,0 +1,65 @@
+"""``manage.py train_worker``: this node's train worker.
+
+Finds the node's devices (the hardware probe in the runtime venv, or PLATFORM_DEVICES),
+registers the node with them, then becomes a Celery worker on exactly the queues of those
+devices, one job slot per device. The worker beats for the node while it runs (console/celery.py).
+"""
+
+import json
+import os
+import sys
+from dataclasses import asdict
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from console import hardware, services
+
+
+class Command(BaseCommand):
+    help = "Detect this node's devices, register the node, and run its train worker."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--loglevel", default="INFO")
+        parser.add_argument(
+            "--register-only",
+            action="store_true",
+            help="Detect and register the node, print its devices, and exit.",
+        )
+
+    def handle(self, *args, loglevel: str, register_only: bool, **options) -> None:
+        if settings.NODE_DEVICES:
+            try:
+                devices = hardware.parse_devices(settings.NODE_DEVICES)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            facts, simulated = {"declared": settings.NODE_DEVICES}, True
+        else:
+            facts = hardware.probe(settings.TRAINING_PYTHON)
+            devices = hardware.devices_from_probe(facts, settings.NODE_CPU_SLOTS)
+            simulated = False
+            if "error" in facts:
+                self.stderr.write(f"{facts['error']}; this node offers its CPU only.")
+        node = services.node_register(
+            name=settings.NODE_NAME, devices=devices, simulated=simulated, facts=facts
+        )
+        kinds = ", ".join(f"{d.device_type}:{d.index} {d.name}".strip() for d in devices)
+        note = " (declared by PLATFORM_DEVICES: jobs run on the CPU)" if simulated else ""
+        self.stdout.write(f"node {node.name}{note}: {kinds}; queues {', '.join(node.queues)}")
+        if register_only:
+            return
+        argv = [sys.executable, "-m", "celery", "-A", "console", "worker"]
+        argv += ["--queues", ",".join(node.queues), "--concurrency", str(len(devices))]
+        argv += ["--hostname", f"train@{node.name}", "--loglevel", loglevel]
+        sys.stdout.flush()
+        # The worker process beats for this node (console/celery.py) under the same name.
+        # Its devices go along: the heartbeat registers the node again if its row went away.
+        env = {
+            **os.environ,
+            "PLATFORM_NODE_NAME": node.name,
+            "PLATFORM_TRAIN_WORKER": "1",
+            "PLATFORM_NODE_REGISTRATION": json.dumps(
+                {"devices": [asdict(d) for d in devices], "simulated": simulated}
+            ),
+        }
+        os.execve(sys.executable, argv, env)

@@ -1,0 +1,167 @@
+"""Nodes and their devices, without workers: detection from the probe's facts, registration,
+exclusive assignment, refusal of a job no node can hold, waiting reasons, the runner's view."""
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from console import hardware
+from console.models import Device, Node
+from console.services import DevicesBusy, devices_acquire, node_register, node_stop
+from training import services
+from training.models import TrainingJob
+
+
+def register(name: str, devices: str, simulated: bool = True) -> Node:
+    return node_register(name=name, devices=hardware.parse_devices(devices), simulated=simulated)
+
+
+def submit(owner, team, version, **kwargs) -> TrainingJob:
+    return services.training_job_submit(actor=owner, team=team, dataset_version=version, **kwargs)
+
+
+def test_devices_are_found_by_each_profiles_detect_fact():
+    facts = {
+        "cpu": {"cores": 16, "memory": 64 << 30},
+        "paddle": {
+            "devices": [
+                {"detect": "custom:npu", "index": 0, "name": "npu:0", "memory": None},
+                {"detect": "custom:npu", "index": 1, "name": "npu:1", "memory": None},
+                {"detect": "rocm", "index": 0, "name": "DCU Z100", "memory": 32 << 30},
+                {"detect": "custom:unknown", "index": 0, "name": "x", "memory": None},
+            ]
+        },
+        # torch sees the same ROCm card: counted once.
+        "torch": {"devices": [{"detect": "rocm", "index": 0, "name": "Z100", "memory": 1}]},
+    }
+    found = hardware.devices_from_probe(facts, cpu_slots=2)
+    assert [(d.device_type, d.index) for d in found] == [
+        ("cpu", 0),
+        ("cpu", 1),
+        ("npu", 0),
+        ("npu", 1),
+        ("dcu", 0),
+    ]
+    assert found[0].name == "CPU (16 cores)" and found[4].memory == 32 << 30
+
+
+def test_the_probe_here_finds_the_cpu_and_says_which_frameworks_it_saw():
+    facts = hardware.probe(settings.TRAINING_PYTHON)
+    assert "error" not in facts, facts
+    assert facts["cpu"]["cores"] >= 1
+    assert facts["paddle"]["version"].startswith("3.") and facts["paddle"]["cuda"] is False
+    devices = hardware.devices_from_probe(facts)
+    assert [d.device_type for d in devices] == ["cpu"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tpu:2", "unknown device type 'tpu'"),
+        ("npu:x", "not <type>:<count>"),
+        ("npu:0", "at least"),
+    ],
+)
+def test_declared_devices_are_checked(text, message):
+    with pytest.raises(ValueError, match=message):
+        hardware.parse_devices(text)
+
+
+def test_a_node_that_starts_again_holds_nothing_and_forgets_devices_it_lost(team):
+    register("n1", "npu:4")
+    devices_acquire(node_name="n1", device_type="npu", count=2, holder="h", label="x", team=team)
+    node = register("n1", "npu:2")
+    assert node.queues == ["train.npu"] and node.alive
+    assert list(node.devices.values_list("index", "holder")) == [(0, ""), (1, "")]
+
+
+def test_devices_are_held_exclusively_and_released(team):
+    register("n1", "npu:2")
+    a = devices_acquire(
+        node_name="n1", device_type="npu", count=1, holder="a", label="A", team=team
+    )
+    b = devices_acquire(
+        node_name="n1", device_type="npu", count=1, holder="b", label="B", team=team
+    )
+    assert {a[0].index, b[0].index} == {0, 1}
+    with pytest.raises(
+        DevicesBusy, match="0 of 2 npu devices of node n1 are free, the job needs 1"
+    ):
+        devices_acquire(
+            node_name="n1", device_type="npu", count=1, holder="c", label="C", team=team
+        )
+    # A holder that asks again (a job's next attempt) gives back what it held first.
+    again = devices_acquire(
+        node_name="n1", device_type="npu", count=1, holder="a", label="A", team=team
+    )
+    assert again[0].index == a[0].index
+    assert Device.objects.filter(holder="a").count() == 1
+
+
+def test_a_job_for_more_devices_than_any_node_has_is_refused_with_the_reason(
+    team, owner, make_dataset
+):
+    version = make_dataset()
+    register("small", "npu:2")
+    register("big", "npu:4")
+    with pytest.raises(ValidationError) as exc:
+        submit(owner, team, version, device_type="npu", device_count=8)
+    assert "the most on one node is 4 (big)" in " ".join(exc.value.messages)
+    assert not TrainingJob.objects.exists()
+    # A node whose heartbeat stopped does not count.
+    Node.objects.filter(name="big").update(
+        heartbeat_at=timezone.now() - timezone.timedelta(hours=1)
+    )
+    with pytest.raises(ValidationError, match=r"the most on one node is 2 \(small\)"):
+        submit(owner, team, version, device_type="npu", device_count=4)
+
+
+def test_a_job_for_a_device_type_no_node_has_waits_with_that_reason(team, owner, make_dataset):
+    version = make_dataset()
+    job = submit(owner, team, version, device_type="xpu")
+    assert job.waiting_reason.startswith("Waiting: no live node has a xpu device (queue train.xpu)")
+    register("kunlun", "xpu:8")
+    services.training_jobs_reconcile()
+    job.refresh_from_db()
+    assert job.waiting_reason == ""
+    node_stop("kunlun")
+    services.training_jobs_reconcile()
+    job.refresh_from_db()
+    assert "no live node has a xpu device" in job.waiting_reason
+
+
+def test_a_claimed_job_holds_its_cards_and_its_runner_sees_only_them(
+    team, owner, make_dataset, settings
+):
+    settings.TRAINING_TEAM_CONCURRENCY = 5
+    version = make_dataset()
+    register(settings.NODE_NAME, "npu:4")
+    first = submit(owner, team, version, device_type="npu")
+    second = submit(owner, team, version, device_type="npu", device_count=2)
+    first = services.training_job_claim(first.pk, "w")
+    second = services.training_job_claim(second.pk, "w")
+    assert first.devices == [0] and second.devices == [1, 2]
+    env = services.runner_env(second)
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "1,2"
+    # A simulated node: the framework runs on the CPU underneath.
+    assert services.runner_device(second) == "cpu"
+    third = submit(owner, team, version, device_type="npu", device_count=2)
+    with pytest.raises(services.JobMustWait):
+        services.training_job_claim(third.pk, "w")
+    third.refresh_from_db()
+    assert "1 of 4 npu devices of node" in third.waiting_reason
+    services.training_job_release_devices(second)
+    assert services.training_job_claim(third.pk, "w").devices == [1, 2]
+
+
+def test_reconcile_frees_the_devices_of_jobs_that_ended_without_releasing(
+    team, owner, make_dataset
+):
+    version = make_dataset()
+    register(settings.NODE_NAME, "cpu:2")
+    job = services.training_job_claim(submit(owner, team, version).pk, "w")
+    assert Device.objects.filter(holder=services.device_holder(job)).count() == 1
+    TrainingJob.objects.filter(pk=job.pk).update(status="failed")  # its worker was killed
+    services.training_jobs_reconcile()
+    assert not Device.objects.exclude(holder="").exists()
