@@ -75,6 +75,7 @@ def _start_node_heartbeat(**_kwargs) -> None:
                         name=settings.NODE_NAME,
                         devices=devices,
                         simulated=registration.get("simulated", False),
+                        address=registration.get("address", ""),
                     )
             except Exception:  # the database away for a while: beat again later
                 logging.getLogger(__name__).exception("node heartbeat failed")

@@ -26,6 +26,8 @@ class DeviceProfile:
     visibility_env: str
     # Which fact of the probe finds these devices: "cpu", "cuda", "rocm", "xpu", "custom:<type>".
     detect: str
+    # One job may span several nodes of this type.
+    multi_node: bool
     queue: str
     amp: bool
     bf16: bool
@@ -124,3 +126,25 @@ def probe(python: str, timeout: float = 180) -> dict:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         return {"error": f"the hardware probe failed ({python} {PROBE}): {exc}"}
+
+
+def node_split(counts: list[int], device_count: int) -> tuple[int, int] | None:
+    """How a job of ``device_count`` devices spans nodes that have ``counts`` devices each:
+    (nodes, devices per node), the fewest nodes with the same share on each (the launchers
+    start as many processes on every node), or None when these nodes cannot hold it."""
+    for nodes in range(1, len(counts) + 1):
+        if device_count % nodes == 0:
+            per_node = device_count // nodes
+            if sum(1 for c in counts if c >= per_node) >= nodes:
+                return nodes, per_node
+    return None
+
+
+def placement_plan(
+    device: DeviceProfile, counts: list[int], device_count: int
+) -> tuple[int, int] | None:
+    """(nodes, devices per node) for a job on live nodes with ``counts`` devices each: one node
+    when one has enough, several where the device type allows it; None when none can."""
+    if not device.multi_node:
+        return (1, device_count) if counts and max(counts) >= device_count else None
+    return node_split(counts, device_count)

@@ -141,6 +141,8 @@ class Node(models.Model):
 
     name = models.CharField(_("name"), max_length=200, unique=True)
     queues = models.JSONField(default=list)
+    # Where other nodes reach it (a job spanning nodes meets at its first node's address).
+    address = models.CharField(max_length=200, blank=True)
     # Devices declared by PLATFORM_DEVICES, not detected: its jobs run on the CPU underneath.
     simulated = models.BooleanField(default=False)
     # What the hardware probe reported (framework versions and builds), or its error.
@@ -154,6 +156,11 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def queue(self) -> str:
+        """The queue of this node alone: the parts of jobs that span several nodes."""
+        return f"node.{self.name}"
 
     @property
     def alive(self) -> bool:

@@ -7,7 +7,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Model
+from django.db.models import Count, Model
 from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
@@ -210,7 +210,12 @@ class DevicesBusy(Exception):
 
 @transaction.atomic
 def node_register(
-    *, name: str, devices: list[NodeDevice], simulated: bool, facts: dict | None = None
+    *,
+    name: str,
+    devices: list[NodeDevice],
+    simulated: bool,
+    facts: dict | None = None,
+    address: str = "",
 ) -> Node:
     """A train worker starts on ``name``: its devices and queues, as found now. A node that
     starts again held nothing any more (its jobs died with its worker): they are released,
@@ -218,6 +223,8 @@ def node_register(
     queues = sorted({hardware.profile(d.device_type).queue for d in devices})
     now = timezone.now()
     found = {"queues": queues, "simulated": simulated, "started_at": now, "heartbeat_at": now}
+    if address:
+        found["address"] = address
     if facts is not None:
         found["facts"] = facts
     node, _created = Node.objects.select_for_update().update_or_create(
@@ -251,23 +258,59 @@ _FREE = {"holder": "", "holder_label": "", "holder_team": None, "held_since": No
 
 @transaction.atomic
 def devices_acquire(
-    *, node_name: str, device_type: str, count: int, holder: str, label: str, team: Team
-) -> list[Device]:
-    """Hold ``count`` free devices of ``device_type`` on the node for ``holder``, exclusively
-    (row locks: two workers of one node never take the same card). What ``holder`` held
-    before (an earlier attempt, on any node) is released first. Raises DevicesBusy."""
+    *,
+    node_name: str,
+    device_type: str,
+    count: int,
+    holder: str,
+    label: str,
+    team: Team,
+    nodes: int = 1,
+) -> dict[str, list[Device]]:
+    """Hold ``count`` free devices of ``device_type`` on each of ``nodes`` nodes for ``holder``,
+    exclusively: on ``node_name`` (the worker that asks), then on other live nodes, the freest
+    first (a job that spans nodes is placed all at once, or waits). What ``holder`` held before
+    (an earlier attempt, on any node) is released first. Returns the devices by node, the
+    asking node first. Raises DevicesBusy with the reason."""
     Device.objects.filter(holder=holder).update(**_FREE)
-    node = Node.objects.filter(name=node_name).first()
-    if node is None:
+    here = Node.objects.filter(name=node_name).first()
+    if here is None:
         raise DevicesBusy(
             _("Node %(node)s is not registered: start train workers with manage.py train_worker.")
             % {"node": node_name}
         )
-    devices = list(
-        Device.objects.select_for_update()
-        .filter(node=node, device_type=device_type)
-        .order_by("index")
-    )
+    now = timezone.now()
+    held = {"holder": holder, "holder_label": label[:200], "holder_team": team, "held_since": now}
+    placed = {node_name: _take(here, device_type, count, held)}
+    if nodes > 1:
+        others = [
+            n
+            for n in Node.objects.filter(devices__device_type=device_type, devices__holder="")
+            .exclude(pk=here.pk)
+            .annotate(free=Count("devices"))
+            .order_by("-free", "name")
+            if n.alive and n.free >= count
+        ]
+        for other in others:
+            try:
+                placed[other.name] = _take(other, device_type, count, held)
+            except DevicesBusy:
+                continue
+            if len(placed) == nodes:
+                break
+        if len(placed) < nodes:
+            raise DevicesBusy(
+                _(
+                    "Waiting: the job spans %(nodes)d nodes with %(n)d free %(device)s devices "
+                    "each; %(found)d have them now."
+                )
+                % {"nodes": nodes, "n": count, "device": device_type, "found": len(placed)}
+            )
+    return placed
+
+
+def _take(node: Node, device_type: str, count: int, held: dict) -> list[Device]:
+    devices = list(Device.objects.filter(node=node, device_type=device_type).order_by("index"))
     free = [d for d in devices if not d.holder]
     if len(free) < count:
         raise DevicesBusy(
@@ -279,24 +322,23 @@ def devices_acquire(
                 "free": len(free),
                 "total": len(devices),
                 "device": device_type,
-                "node": node_name,
+                "node": node.name,
                 "n": count,
             }
         )
-    now = timezone.now()
     taken = []
     for d in free:
-        # Taken only if still free (a compare-and-set: row locks are no-ops on SQLite).
-        if Device.objects.filter(pk=d.pk, holder="").update(
-            holder=holder, holder_label=label[:200], holder_team=team, held_since=now
-        ):
-            d.holder, d.holder_label, d.holder_team, d.held_since = holder, label, team, now
+        # Taken only if still free: a compare-and-set, on every database (row locks are no-ops
+        # on SQLite). A DevicesBusy later rolls the whole placement back.
+        if Device.objects.filter(pk=d.pk, holder="").update(**held):
+            for name, value in held.items():
+                setattr(d, name, value)
             taken.append(d)
             if len(taken) == count:
                 return taken
-    raise DevicesBusy(  # another worker of the node was quicker; the transaction rolls back
+    raise DevicesBusy(
         _("Waiting: the %(device)s devices of node %(node)s were just taken.")
-        % {"device": device_type, "node": node_name}
+        % {"device": device_type, "node": node.name}
     )
 
 

@@ -218,6 +218,8 @@ NODE_NAME = os.environ.get("PLATFORM_NODE_NAME") or socket.gethostname()
 # Declared devices instead of detected ones, e.g. `npu:2` or `cpu:1,gpu:4`: a simulated node
 # whose jobs run on the CPU underneath (tests, demonstrations). Empty: detect.
 NODE_DEVICES = os.environ.get("PLATFORM_DEVICES", "")
+# Where the other nodes reach this one: the rendezvous of a job that spans several nodes.
+NODE_ADDRESS = os.environ.get("PLATFORM_NODE_ADDRESS", "")
 # CPU jobs one node runs at once (its CPU "slots") when devices are detected.
 NODE_CPU_SLOTS = int(os.environ.get("PLATFORM_CPU_SLOTS", "1"))
 NODE_HEARTBEAT_S = float(os.environ.get("PLATFORM_NODE_HEARTBEAT_S", "15"))
@@ -235,6 +237,8 @@ TRAINING_WORK_DIR = Path(os.environ.get("TRAINING_WORK_DIR") or DATA_DIR / "trai
 TRAINING_TEAM_CONCURRENCY = int(os.environ.get("TRAINING_TEAM_CONCURRENCY", "2"))
 # A job whose worker was lost this many times fails instead of starting again.
 TRAINING_MAX_ATTEMPTS = int(os.environ.get("TRAINING_MAX_ATTEMPTS", "3"))
+# A job that spans nodes fails when its parts have not met (and started training) this soon.
+TRAINING_RENDEZVOUS_TIMEOUT_S = int(os.environ.get("TRAINING_RENDEZVOUS_TIMEOUT_S", "300"))
 # Base models are imported from directories or archives under this directory of the server
 # (and from archives uploaded through the console).
 MODEL_IMPORT_DIR = Path(os.environ.get("PLATFORM_MODEL_IMPORT_DIR") or DATA_DIR / "imports")

@@ -29,6 +29,7 @@ def nodes(team):
 
 def test_the_page_lists_nodes_devices_holders_and_stopped_heartbeats(client, owner, nodes):
     client.force_login(owner)
+    client.cookies["django_language"] = "en"
     page = client.get("/nodes/").content.decode()
     for name in ("gpu-01", "ascend-01", "old"):
         assert f'data-node="{name}"' in page
@@ -41,6 +42,7 @@ def test_the_page_lists_nodes_devices_holders_and_stopped_heartbeats(client, own
 
 def test_another_team_sees_a_device_taken_but_not_by_what(client, make_user, nodes):
     client.force_login(make_user("outsider"))
+    client.cookies["django_language"] = "en"
     page = client.get("/nodes/").content.decode()
     assert "客服意图" not in page and "a job of another team" in page
     held = [

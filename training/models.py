@@ -104,6 +104,10 @@ class TrainingJob(models.Model):
     # The indices of the node's devices the job holds (console.Device); the runner sees only
     # those, through the device type's visibility variable.
     devices = models.JSONField(default=list, blank=True)
+    # A job that spans nodes: every node's part, the first this one ([{"node", "devices"}…]),
+    # and where their launchers meet (host:port of the first node).
+    placement = models.JSONField(default=list, blank=True)
+    rendezvous = models.CharField(max_length=200, blank=True)
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField(default=0)
     epoch = models.PositiveIntegerField(default=0)

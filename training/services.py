@@ -8,6 +8,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -23,13 +24,13 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Max
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from jinja2 import TemplateError
 
-from console.hardware import profile
+from console.hardware import placement_plan, profile
 from console.models import Node, Team
 from console.selectors import live_nodes_with
 from console.services import (
@@ -577,6 +578,11 @@ def training_job_submit(
         raise ValidationError(_("A job needs at least one device."))
     if device_count > 1 and generative:
         raise ValidationError(_("Large models train on one device for now."))
+    if backend == "torch" and device.paddle_device not in ("cpu", "gpu"):
+        raise ValidationError(
+            _("The torch backend runs on CPUs and CUDA or ROCm cards, not on %(device)s.")
+            % {"device": device.label}
+        )
     if device_count > 1 and backend not in MULTI_DEVICE_BACKENDS:
         raise ValidationError(
             _(
@@ -588,18 +594,31 @@ def training_job_submit(
     if priority not in TrainingJob.Priority.values:
         raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
     nodes = live_nodes_with(device.name)
-    most = max((n for _node, n in nodes), default=0)
-    if nodes and device_count > most:
+    counts = [n for _node, n in nodes]
+    if nodes and placement_plan(device, counts, device_count) is None:
+        most = max(counts)
+        if not device.multi_node:
+            raise ValidationError(
+                _(
+                    "No node has %(n)d %(device)s devices: the most on one node is %(most)d "
+                    "(%(nodes)s). A job of this device type runs on the devices of one node."
+                )
+                % {
+                    "n": device_count,
+                    "device": device.label,
+                    "most": most,
+                    "nodes": ", ".join(node.name for node, n in nodes if n == most),
+                }
+            )
         raise ValidationError(
             _(
-                "No node has %(n)d %(device)s devices: the most on one node is %(most)d "
-                "(%(nodes)s). A job runs on the devices of one node."
+                "The live nodes cannot hold %(n)d %(device)s devices in equal shares (a job "
+                "spans nodes with as many devices on each): they have %(counts)s."
             )
             % {
                 "n": device_count,
                 "device": device.label,
-                "most": most,
-                "nodes": ", ".join(node.name for node, n in nodes if n == most),
+                "counts": ", ".join(f"{node.name} {n}" for node, n in nodes),
             }
         )
     data_report = {}
@@ -809,11 +828,17 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
                 job.waiting_reason = reason
                 job.save(update_fields=["waiting_reason"])
             return reason
+    counts = [n for _node, n in live_nodes_with(job.device_type)]
+    plan = placement_plan(profile(job.device_type), counts, job.device_count) or (
+        1,
+        job.device_count,
+    )
     try:
-        held = devices_acquire(
+        placed = devices_acquire(
             node_name=settings.NODE_NAME,
             device_type=job.device_type,
-            count=job.device_count,
+            count=plan[1],
+            nodes=plan[0],
             holder=device_holder(job),
             label=f"#{job.pk} {job.name}",
             team=job.team,
@@ -826,7 +851,11 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     job.attempts += 1
     job.worker = worker
     job.node = settings.NODE_NAME
-    job.devices = [d.index for d in held]
+    job.devices = [d.index for d in placed[settings.NODE_NAME]]
+    job.placement = [
+        {"node": node, "devices": [d.index for d in held]} for node, held in placed.items()
+    ]
+    job.rendezvous = ""
     job.pid = os.getpid()
     job.started_at = job.started_at or now
     job.heartbeat_at = now
@@ -891,28 +920,42 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def runner_command(job: TrainingJob, workdir: Path) -> list[str]:
+def runner_command(job: TrainingJob, workdir: Path, part: int = 0) -> list[str]:
     """The runner alone, or one process per device under the framework's launcher: Paddle's
-    (``paddle.distributed.launch``) or torch's (``torchrun``), gloo between CPU processes. The
-    first process's output comes on our pipe, the others' go to ``log/``."""
+    (``paddle.distributed.launch``) or torch's (``torchrun``), gloo between CPU processes. A
+    job that spans nodes runs a launcher on each (``part`` of ``job.placement``), meeting at
+    ``job.rendezvous``. The first process's output comes on our pipe, the others' go to
+    ``log/``."""
     script = [str(Path(settings.BASE_DIR) / "training" / "run.py"), str(workdir)]
-    n = job.device_count
-    if n == 1:
+    nodes = max(len(job.placement), 1)
+    n = job.device_count // nodes  # processes on this node
+    if job.device_count == 1:
         return [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)]
     if job.backend == "torch":
-        # --standalone: a rendezvous on a free port, so that jobs of one node do not collide.
-        launch = [settings.TRAINING_PYTHON, "-m", "torch.distributed.run", "--standalone"]
-        launch += ["--nnodes", "1", "--nproc_per_node", str(n), "--log-dir", str(workdir / "log")]
-        launch += ["--redirects", ",".join(f"{rank}:3" for rank in range(1, n))]
+        launch = [settings.TRAINING_PYTHON, "-m", "torch.distributed.run"]
+        if nodes > 1:
+            host, _, port = job.rendezvous.rpartition(":")
+            launch += ["--nnodes", str(nodes), "--node-rank", str(part)]
+            launch += ["--master-addr", host, "--master-port", port]
+        else:
+            # A rendezvous on a free port, so that jobs of one node do not collide.
+            launch += ["--standalone", "--nnodes", "1"]
+        launch += ["--nproc_per_node", str(n), "--log-dir", str(workdir / "log" / f"node-{part}")]
+        if n > 1 and part == 0:  # only the job's first process speaks on our pipe
+            launch += ["--redirects", ",".join(f"{r}:3" for r in range(1, n))]
         return [*launch, *script]
-    launch = [settings.TRAINING_PYTHON, "-m", "paddle.distributed.launch", "--nnodes", "1"]
-    launch += ["--nproc_per_node", str(n), "--log_dir", str(workdir / "log")]
+    launch = [settings.TRAINING_PYTHON, "-m", "paddle.distributed.launch"]
+    if nodes > 1:
+        launch += ["--master", job.rendezvous, "--nnodes", str(nodes), "--rank", str(part)]
+    else:
+        launch += ["--nnodes", "1"]
+    launch += ["--nproc_per_node", str(n), "--log_dir", str(workdir / "log" / f"node-{part}")]
     if runner_device(job) != "cpu":
         launch += ["--devices", ",".join(str(i) for i in range(n))]
     return [*launch, *script]
 
 
-def runner_env(job: TrainingJob) -> dict[str, str]:
+def runner_env(job: TrainingJob, part: int = 0) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}
     for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY"):
         env.pop(var, None)  # the runner needs no database, nor the platform's secret
@@ -923,8 +966,9 @@ def runner_env(job: TrainingJob) -> dict[str, str]:
         env.setdefault("USE_TF", "0")
     device = profile(job.device_type)
     if device.visibility_env:
-        # The job's own cards only: the launcher and the framework number them from 0.
-        env[device.visibility_env] = ",".join(str(i) for i in job.devices)
+        # The part's own cards only: the launcher and the framework number them from 0.
+        held = job.placement[part]["devices"] if job.placement else job.devices
+        env[device.visibility_env] = ",".join(str(i) for i in held)
     return env
 
 
@@ -962,6 +1006,9 @@ class _Supervisor:
         self.log_tail: deque[str] = deque(maxlen=self.LOG_TAIL)
         self.error = ""
         self.cancelled = False
+        # A job that spans nodes: its processes must meet (and start training) by then.
+        self.join_by: float | None = None
+        self.joined = False
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
@@ -989,6 +1036,7 @@ class _Supervisor:
             return
         if kind == "state":
             self.fields["phase"] = event["phase"]
+            self.joined = self.joined or event["phase"] == "training"
         if kind == "error":
             self.error = event.get("message", "")
         self._event(kind, event)
@@ -1033,6 +1081,16 @@ class _Supervisor:
                 if self.cancelled and killed_at is None:
                     killed_at = now
                     _signal_group(proc, signal.SIGTERM)
+                if self.join_by and not self.joined and now > self.join_by and killed_at is None:
+                    self.error = _(
+                        "The job's parts on %(nodes)s did not meet within %(s)d s: is every "
+                        "node's train worker up, and the first node's address reachable?"
+                    ) % {
+                        "nodes": ", ".join(p["node"] for p in self.job.placement),
+                        "s": settings.TRAINING_RENDEZVOUS_TIMEOUT_S,
+                    }
+                    killed_at = now
+                    _signal_group(proc, signal.SIGTERM)
             if killed_at is not None and now - killed_at > 5:
                 _signal_group(proc, signal.SIGKILL)
         if pending:
@@ -1060,6 +1118,9 @@ def training_job_execute(job: TrainingJob) -> None:
         return
     if job.attempts > 1:
         sup._event("log", {"message": f"attempt {job.attempts}: the job starts again"})
+    if len(job.placement) > 1:
+        _start_parts(job, sup)
+        sup.join_by = time.monotonic() + settings.TRAINING_RENDEZVOUS_TIMEOUT_S
     proc = subprocess.Popen(
         runner_command(job, workdir),
         cwd=settings.BASE_DIR,
@@ -1095,6 +1156,76 @@ def training_job_execute(job: TrainingJob) -> None:
         )
         return
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_parts(job: TrainingJob, sup: "_Supervisor") -> None:
+    """A job that spans nodes: its launchers meet at a free port of this node, and every other
+    node of the placement starts its part (a task on that node's own queue). The work
+    directory is shared (TRAINING_WORK_DIR on NFS): the parts read its data and checkpoint."""
+    from training.tasks import run_training_job_part
+
+    address = Node.objects.filter(name=job.node).values_list("address", flat=True).first()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    job.rendezvous = f"{address or '127.0.0.1'}:{port}"
+    job.save(update_fields=["rendezvous"])
+    nodes = ", ".join(f"{p['node']} {p['devices']}" for p in job.placement)
+    sup._event("log", {"message": f"the job spans {len(job.placement)} nodes: {nodes}"})
+    for part, placed in enumerate(job.placement[1:], start=1):
+        run_training_job_part.apply_async(
+            (job.pk, part, job.attempts), queue=f"node.{placed['node']}", priority=job.priority
+        )
+
+
+def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
+    """One node's part of a job that spans nodes: its launcher, until the job's processes end
+    (the first node supervises and reports), or the job is cancelled or started again."""
+
+    def current() -> bool:
+        running = TrainingJob.objects.filter(
+            pk=job_id, status=TrainingJob.Status.RUNNING, attempts=attempt
+        )
+        return running.filter(cancel_requested=False).exists()
+
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None or not current() or job.placement[part]["node"] != settings.NODE_NAME:
+        return
+    workdir = job_workdir(job)
+    log = workdir / "log" / f"node-{part}.out"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            runner_command(job, workdir, part),
+            cwd=settings.BASE_DIR,
+            env=runner_env(job, part),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    stopped_at = None
+    while proc.poll() is None:
+        time.sleep(1)
+        try:
+            going = current()
+        except DatabaseError:
+            continue  # the database away for a moment: the part goes on
+        if not going and stopped_at is None:
+            stopped_at = time.monotonic()
+            _signal_group(proc, signal.SIGTERM)
+        if stopped_at is not None and time.monotonic() - stopped_at > 5:
+            _signal_group(proc, signal.SIGKILL)
+    if proc.returncode and stopped_at is None:
+        tail = log.read_bytes()[-2000:].decode("utf-8", "replace")
+        TrainingEvent.objects.create(
+            job_id=job_id,
+            kind="log",
+            attempt=attempt,
+            data={
+                "message": f"part {part} on {settings.NODE_NAME} ended ({proc.returncode}):\n{tail}"
+            },
+        )
 
 
 def training_jobs_reconcile() -> list[int]:

@@ -35,6 +35,14 @@ def run_training_job(self, job_id: int) -> None:
             services.training_job_release_devices(job)
 
 
+@shared_task(acks_late=True, reject_on_worker_lost=False)
+def run_training_job_part(job_id: int, part: int, attempt: int) -> None:
+    """One node's part of a job that spans nodes (queue ``node.<name>`` of that node). Not
+    given back when its worker dies: the job's first node sees its processes fail, and the
+    job's next attempt starts every part anew."""
+    services.training_job_part_execute(job_id, part, attempt)
+
+
 @shared_task
 def reconcile_training_jobs() -> None:
     """Scheduled by beat: queue again the running jobs whose worker stopped beating."""

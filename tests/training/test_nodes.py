@@ -84,7 +84,7 @@ def test_devices_are_held_exclusively_and_released(team):
     b = devices_acquire(
         node_name="n1", device_type="npu", count=1, holder="b", label="B", team=team
     )
-    assert {a[0].index, b[0].index} == {0, 1}
+    assert {a["n1"][0].index, b["n1"][0].index} == {0, 1}
     with pytest.raises(
         DevicesBusy, match="0 of 2 npu devices of node n1 are free, the job needs 1"
     ):
@@ -95,26 +95,68 @@ def test_devices_are_held_exclusively_and_released(team):
     again = devices_acquire(
         node_name="n1", device_type="npu", count=1, holder="a", label="A", team=team
     )
-    assert again[0].index == a[0].index
+    assert again["n1"][0].index == a["n1"][0].index
     assert Device.objects.filter(holder="a").count() == 1
 
 
-def test_a_job_for_more_devices_than_any_node_has_is_refused_with_the_reason(
-    team, owner, make_dataset
-):
+def test_a_job_that_spans_nodes_is_placed_all_at_once_or_not_at_all(team):
+    for name in ("n1", "n2", "n3"):
+        register(name, "npu:2")
+    devices_acquire(node_name="n2", device_type="npu", count=1, holder="x", label="X", team=team)
+    placed = devices_acquire(
+        node_name="n1", device_type="npu", count=2, nodes=2, holder="j", label="J", team=team
+    )
+    # The asking node first, then the freest other (n2 has a card taken).
+    assert {n: [d.index for d in ds] for n, ds in placed.items()} == {"n1": [0, 1], "n3": [0, 1]}
+    # n2's free card alone cannot hold a part of two: the placement waits, holding nothing.
+    with pytest.raises(DevicesBusy, match="spans 2 nodes with 1 free npu devices each; 1 have"):
+        devices_acquire(
+            node_name="n2", device_type="npu", count=1, nodes=2, holder="k", label="K", team=team
+        )
+    assert not Device.objects.filter(holder="k").exists()  # nothing half-placed
+
+
+@pytest.mark.parametrize(
+    ("counts", "n", "plan"),
+    [
+        ([4, 4], 4, (1, 4)),
+        ([4, 4], 8, (2, 4)),
+        ([2, 2, 2], 6, (3, 2)),
+        ([4, 2], 6, None),  # no equal shares: 3 + 3 does not fit on the node of 2
+        ([4, 4, 1], 6, (2, 3)),
+        ([1], 2, None),
+    ],
+)
+def test_a_job_spans_the_fewest_nodes_with_equal_shares(counts, n, plan):
+    assert hardware.node_split(counts, n) == plan
+    # A device type whose profile keeps jobs on one node.
+    single = hardware.profile("mlu")
+    assert hardware.placement_plan(single, counts, n) == ((1, n) if max(counts) >= n else None)
+
+
+def test_a_job_no_set_of_nodes_can_hold_is_refused_with_the_reason(team, owner, make_dataset):
     version = make_dataset()
     register("small", "npu:2")
     register("big", "npu:4")
     with pytest.raises(ValidationError) as exc:
         submit(owner, team, version, device_type="npu", device_count=8)
-    assert "the most on one node is 4 (big)" in " ".join(exc.value.messages)
-    assert not TrainingJob.objects.exists()
+    assert "cannot hold 8 Huawei Ascend NPU devices in equal shares" in " ".join(exc.value.messages)
+    assert "small 2, big 4" in " ".join(exc.value.messages) or "big 4, small 2" in " ".join(
+        exc.value.messages
+    )
+    assert submit(owner, team, version, device_type="npu", device_count=4).device_count == 4
+    # Cambricon's profile keeps a job on one node.
+    register("mlu-1", "mlu:2")
+    register("mlu-2", "mlu:2")
+    with pytest.raises(ValidationError, match=r"the most on one node is 2 \(mlu-1, mlu-2\)"):
+        submit(owner, team, version, device_type="mlu", device_count=4)
     # A node whose heartbeat stopped does not count.
     Node.objects.filter(name="big").update(
         heartbeat_at=timezone.now() - timezone.timedelta(hours=1)
     )
-    with pytest.raises(ValidationError, match=r"the most on one node is 2 \(small\)"):
+    with pytest.raises(ValidationError, match="small 2"):
         submit(owner, team, version, device_type="npu", device_count=4)
+    assert not TrainingJob.objects.exclude(device_count=4).exists()
 
 
 def test_a_job_for_a_device_type_no_node_has_waits_with_that_reason(team, owner, make_dataset):

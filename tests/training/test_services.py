@@ -61,6 +61,7 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
         ({"preset": "gpt-5"}, "No preset named “gpt-5”"),
         ({"hyperparameters": {"amp": True}}, "Mixed precision (amp) is not supported on CPU"),
         ({"device_count": 0}, "A job needs at least one device."),
+        ({"backend": "torch", "device_type": "npu"}, "The torch backend runs on CPUs and CUDA"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_reason(team, owner, version, changes, message):

@@ -45,18 +45,20 @@ FROM_ARGUMENTS = {"vocab_size", "num_labels", "num_classes"}
 ONNX_OPSET = 17
 
 
-def torch_device(device_type: str) -> Any:
+def torch_device(device: str) -> Any:
+    """torch's device for the job's device string (its profile's Paddle device: "gpu" for
+    NVIDIA's CUDA and Hygon's ROCm builds alike; "cpu" on a simulated node)."""
     import torch
 
-    if device_type == "cpu":
+    if device == "cpu":
         return torch.device("cpu")
-    if device_type == "gpu":
+    if device == "gpu":
         if not torch.cuda.is_available():
             raise RuntimeError("the job asks for a gpu but this torch build sees no CUDA device")
         # Under torchrun, each process its own card (of those the job may see).
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     raise ValueError(
-        f"the torch backend does not run on the device type {device_type!r}: only cpu and gpu"
+        f"the torch backend does not run on the device {device!r}: only cpu and gpu (CUDA, ROCm)"
     )
 
 
@@ -114,7 +116,7 @@ class TorchOps:
     def build(self, spec: JobSpec, space: LabelSpace, vocab_size: int) -> None:
         import torch
 
-        self.device = torch_device(spec.device_type)
+        self.device = torch_device(spec.device)
         torch.manual_seed(spec.hp.seed)  # the head's (or the preset's) initial weights
         self.head = space.head
         if spec.base_model_dir:

@@ -31,7 +31,7 @@ class TorchLLMOps:
 
         self.spec = spec
         hp = spec.hp
-        self.device = torch_device(spec.device_type)
+        self.device = torch_device(spec.device)
         torch.manual_seed(hp.seed)
         if spec.base_model_dir:
             self.model = AutoModelForCausalLM.from_pretrained(

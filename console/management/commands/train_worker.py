@@ -7,6 +7,7 @@ devices, one job slot per device. The worker beats for the node while it runs (c
 
 import json
 import os
+import socket
 import sys
 from dataclasses import asdict
 
@@ -41,15 +42,23 @@ class Command(BaseCommand):
             if "error" in facts:
                 self.stderr.write(f"{facts['error']}; this node offers its CPU only.")
         node = services.node_register(
-            name=settings.NODE_NAME, devices=devices, simulated=simulated, facts=facts
+            name=settings.NODE_NAME,
+            devices=devices,
+            simulated=simulated,
+            facts=facts,
+            address=settings.NODE_ADDRESS or own_address(),
         )
         kinds = ", ".join(f"{d.device_type}:{d.index} {d.name}".strip() for d in devices)
         note = " (declared by PLATFORM_DEVICES: jobs run on the CPU)" if simulated else ""
-        self.stdout.write(f"node {node.name}{note}: {kinds}; queues {', '.join(node.queues)}")
+        self.stdout.write(
+            f"node {node.name} at {node.address}{note}: {kinds}; queues {', '.join(node.queues)}"
+        )
         if register_only:
             return
         argv = [sys.executable, "-m", "celery", "-A", "console", "worker"]
-        argv += ["--queues", ",".join(node.queues), "--concurrency", str(len(devices))]
+        # The device types' queues, and the node's own: its parts of jobs that span nodes.
+        queues = [*node.queues, node.queue]
+        argv += ["--queues", ",".join(queues), "--concurrency", str(len(devices))]
         argv += ["--hostname", f"train@{node.name}", "--loglevel", loglevel]
         sys.stdout.flush()
         # The worker process beats for this node (console/celery.py) under the same name.
@@ -59,7 +68,20 @@ class Command(BaseCommand):
             "PLATFORM_NODE_NAME": node.name,
             "PLATFORM_TRAIN_WORKER": "1",
             "PLATFORM_NODE_REGISTRATION": json.dumps(
-                {"devices": [asdict(d) for d in devices], "simulated": simulated}
+                {
+                    "devices": [asdict(d) for d in devices],
+                    "simulated": simulated,
+                    "address": node.address,
+                }
             ),
         }
         os.execve(sys.executable, argv, env)
+
+
+def own_address() -> str:
+    """This machine's address as the other nodes resolve its name (PLATFORM_NODE_ADDRESS
+    overrides it where that is not the interface they reach)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
