@@ -947,6 +947,12 @@ def runner_command(job: TrainingJob, workdir: Path, part: int = 0) -> list[str]:
     launch = [settings.TRAINING_PYTHON, "-m", "paddle.distributed.launch"]
     if nodes > 1:
         launch += ["--master", job.rendezvous, "--nnodes", str(nodes), "--rank", str(part)]
+        # This node's address as the others reach it: the first node serves the rendezvous
+        # only if it knows the master's address for its own.
+        node = job.placement[part]["node"]
+        address = Node.objects.filter(name=node).values_list("address", flat=True).first()
+        if address:
+            launch += ["--host", address]
     else:
         launch += ["--nnodes", "1"]
     launch += ["--nproc_per_node", str(n), "--log_dir", str(workdir / "log" / f"node-{part}")]

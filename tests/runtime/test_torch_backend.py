@@ -278,7 +278,7 @@ def test_entry_point_and_errors(tmp_path: Path) -> None:
     assert (backend.name, backend.runtime) == ("torch", "onnxruntime")
 
     _workdir, spec = make_workdir(tmp_path, "text_classification", sizes=(1, 0, 0))
-    spec.device_type = "npu"
+    spec.device_type = spec.device = "npu"
     space = data.LabelSpace(spec.task_kind, tuple(spec.labels))
     with pytest.raises(ValueError, match="'npu'"):
         TorchOps().build(spec, space, 10)

@@ -79,9 +79,18 @@ class Command(BaseCommand):
 
 
 def own_address() -> str:
-    """This machine's address as the other nodes resolve its name (PLATFORM_NODE_ADDRESS
-    overrides it where that is not the interface they reach)."""
+    """This machine's address as the other nodes would reach it: what its host name resolves
+    to, or, where that is a loopback address (Debian's /etc/hosts), the address of the
+    interface that routes outwards. PLATFORM_NODE_ADDRESS overrides both."""
     try:
-        return socket.gethostbyname(socket.gethostname())
+        address = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        address = "127.0.0.1"
+    if not address.startswith("127."):
+        return address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # UDP: nothing is sent, a route is chosen
+            return s.getsockname()[0]
+        except OSError:
+            return address  # no route out: a machine on its own
