@@ -217,9 +217,10 @@ def node_register(
     facts: dict | None = None,
     address: str = "",
 ) -> Node:
-    """A train worker starts on ``name``: its devices and queues, as found now. A node that
-    starts again held nothing any more (its jobs died with its worker): they are released,
-    and the devices it no longer has are forgotten."""
+    """A train worker starts on ``name``: its devices and queues, as found now; the devices it
+    no longer has are forgotten. What its devices hold stays held: the jobs of a worker that
+    died free them when they are taken again, or the beat does (never two jobs on a card,
+    not even for a second worker started under the same name)."""
     queues = sorted({hardware.profile(d.device_type).queue for d in devices})
     now = timezone.now()
     found = {"queues": queues, "simulated": simulated, "started_at": now, "heartbeat_at": now}
@@ -236,7 +237,7 @@ def node_register(
             node=node,
             device_type=d.device_type,
             index=d.index,
-            defaults={"name": d.name, "memory": d.memory, **_FREE},
+            defaults={"name": d.name, "memory": d.memory},
         )
         keep.append(device.pk)
     node.devices.exclude(pk__in=keep).delete()
@@ -244,8 +245,12 @@ def node_register(
 
 
 def node_heartbeat(name: str) -> bool:
-    """The node's worker is alive; False when the node is not registered (any more)."""
-    return bool(Node.objects.filter(name=name).update(heartbeat_at=timezone.now(), stopped_at=None))
+    """The node's worker is alive; False when the node is not registered (any more). A node
+    marked stopped stays so (a beat racing the worker's shutdown)."""
+    nodes = Node.objects.filter(name=name)
+    return bool(nodes.filter(stopped_at__isnull=True).update(heartbeat_at=timezone.now())) or (
+        nodes.exists()
+    )
 
 
 def node_stop(name: str) -> None:
@@ -266,47 +271,55 @@ def devices_acquire(
     label: str,
     team: Team,
     nodes: int = 1,
+    replaces: str = "",
 ) -> dict[str, list[Device]]:
     """Hold ``count`` free devices of ``device_type`` on each of ``nodes`` nodes for ``holder``,
-    exclusively: on ``node_name`` (the worker that asks), then on other live nodes, the freest
-    first (a job that spans nodes is placed all at once, or waits). What ``holder`` held before
-    (an earlier attempt, on any node) is released first. Returns the devices by node, the
-    asking node first. Raises DevicesBusy with the reason."""
-    Device.objects.filter(holder=holder).update(**_FREE)
+    exclusively: on ``node_name`` (the worker that asks) and on other live nodes (a job that
+    spans nodes is placed all at once, or waits holding nothing). Nodes are taken in name
+    order, so that two placements never wait on each other. Devices held under ``replaces``
+    (a prefix: the same job's earlier attempts) are released first. Returns the devices by
+    node, the asking node first. Raises DevicesBusy with the reason."""
+    if replaces:
+        Device.objects.filter(holder__startswith=replaces).update(**_FREE)
     here = Node.objects.filter(name=node_name).first()
     if here is None:
         raise DevicesBusy(
             _("Node %(node)s is not registered: start train workers with manage.py train_worker.")
             % {"node": node_name}
         )
-    now = timezone.now()
-    held = {"holder": holder, "holder_label": label[:200], "holder_team": team, "held_since": now}
-    placed = {node_name: _take(here, device_type, count, held)}
+    held = {
+        "holder": holder,
+        "holder_label": label[:200],
+        "holder_team": team,
+        "held_since": timezone.now(),
+    }
+    candidates = [here]
     if nodes > 1:
-        others = [
-            n
-            for n in Node.objects.filter(devices__device_type=device_type, devices__holder="")
+        others = (
+            Node.objects.filter(devices__device_type=device_type, devices__holder="")
             .exclude(pk=here.pk)
             .annotate(free=Count("devices"))
-            .order_by("-free", "name")
-            if n.alive and n.free >= count
-        ]
-        for other in others:
-            try:
-                placed[other.name] = _take(other, device_type, count, held)
-            except DevicesBusy:
-                continue
-            if len(placed) == nodes:
-                break
-        if len(placed) < nodes:
-            raise DevicesBusy(
-                _(
-                    "Waiting: the job spans %(nodes)d nodes with %(n)d free %(device)s devices "
-                    "each; %(found)d have them now."
-                )
-                % {"nodes": nodes, "n": count, "device": device_type, "found": len(placed)}
+        )
+        candidates += [n for n in others if n.alive and n.free >= count]
+    placed: dict[str, list[Device]] = {}
+    for node in sorted(candidates, key=lambda n: n.name):
+        if node != here and len(placed) - (here.name in placed) >= nodes - 1:
+            continue  # enough other nodes already
+        try:
+            with transaction.atomic():  # a node only partly taken is given back
+                placed[node.name] = _take(node, device_type, count, held)
+        except DevicesBusy:
+            if node == here:
+                raise
+    if len(placed) < nodes:
+        raise DevicesBusy(
+            _(
+                "Waiting: the job spans %(nodes)d nodes with %(n)d free %(device)s devices "
+                "each; %(found)d have them now."
             )
-    return placed
+            % {"nodes": nodes, "n": count, "device": device_type, "found": len(placed)}
+        )
+    return {node_name: placed.pop(node_name), **placed}
 
 
 def _take(node: Node, device_type: str, count: int, held: dict) -> list[Device]:
@@ -347,8 +360,10 @@ def devices_release(holder: str) -> int:
     return Device.objects.filter(holder=holder).update(**_FREE)
 
 
-def devices_release_all_but(prefix: str, holders: set[str]) -> int:
+def devices_release_all_but(prefix: str, holders: set[str], older_than_s: float = 60) -> int:
     """Free devices held under ``prefix`` by holders not in ``holders`` (those that ended
-    without releasing: a worker killed). Returns how many."""
-    stale = Device.objects.filter(holder__startswith=prefix).exclude(holder__in=holders)
-    return stale.update(**_FREE)
+    without releasing: a worker killed), taken over ``older_than_s`` ago (not one that a
+    holder took since ``holders`` was read). Returns how many."""
+    before = timezone.now() - timezone.timedelta(seconds=older_than_s)
+    stale = Device.objects.filter(holder__startswith=prefix, held_since__lt=before)
+    return stale.exclude(holder__in=holders).update(**_FREE)

@@ -758,6 +758,13 @@ class JobMustWait(Exception):
     pass
 
 
+def training_job_wait(job_id: int, countdown: float = 5) -> None:
+    """A job that must wait (its team's limit, devices held by others) comes back later."""
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is not None and job.is_active:
+        _enqueue(job, countdown=countdown)
+
+
 def job_workdir(job: TrainingJob) -> Path:
     return Path(settings.TRAINING_WORK_DIR) / "jobs" / str(job.pk)
 
@@ -839,14 +846,19 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
             device_type=job.device_type,
             count=plan[1],
             nodes=plan[0],
-            holder=device_holder(job),
+            holder=device_holder(job, job.attempts + 1),
+            replaces=device_holder(job, None),
             label=f"#{job.pk} {job.name}",
             team=job.team,
         )
     except DevicesBusy as exc:
-        job.waiting_reason = str(exc)[:300]
-        job.save(update_fields=["waiting_reason"])
-        return job.waiting_reason
+        # A job taken again after its worker died waits like any other, queued (its parts on
+        # other nodes see that and stop).
+        reason = str(exc)[:300]
+        if job.waiting_reason != reason or job.status != TrainingJob.Status.QUEUED:
+            job.waiting_reason, job.status = reason, TrainingJob.Status.QUEUED
+            job.save(update_fields=["waiting_reason", "status"])
+        return reason
     job.status = TrainingJob.Status.RUNNING
     job.attempts += 1
     job.worker = worker
@@ -866,12 +878,15 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
 
 
 def _still_running(job: TrainingJob, now) -> bool:
+    """Its supervisor beats (every half second); on this node, its process is also alive and
+    not this one (a node runs one worker process per device)."""
     if job.node == settings.NODE_NAME and job.pid:
         try:
             os.kill(job.pid, 0)
         except ProcessLookupError:
             return False
-        return job.pid != os.getpid()
+        if job.pid == os.getpid():
+            return False
     return bool(job.heartbeat_at and (now - job.heartbeat_at).total_seconds() < 30)
 
 
@@ -880,6 +895,7 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
     left (data, base model, checkpoint) is kept: the runner resumes from its checkpoint."""
     workdir.mkdir(parents=True, exist_ok=True)
     base_dir = workdir / "base"
+    beat = _beater(job)
     JobSpec(
         job_id=job.pk,
         task_kind=job.task_kind,
@@ -900,9 +916,11 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
         outs = {s: open(data / f"{s}.jsonl", "wb") for s in ("train", "dev", "test")}
         try:
             with default_storage.open(job.dataset_version.data_file, "rb") as f:
-                for line in f:
+                for i, line in enumerate(f):
                     split = json.loads(line).get("split", "train")
                     outs.get(split, outs["train"]).write(line)
+                    if i % 10000 == 0:
+                        beat()
         finally:
             for out in outs.values():
                 out.close()
@@ -910,8 +928,24 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
     if job.base_model_id and not (base_dir / ".complete").exists():
         shutil.rmtree(base_dir, ignore_errors=True)
         model = job.base_model
-        storage.fetch_dir(model.storage_prefix, model.manifest["files"], base_dir)
+        storage.fetch_dir(model.storage_prefix, model.manifest["files"], base_dir, beat)
         (base_dir / ".complete").touch()
+
+
+def _beater(job: TrainingJob) -> Callable[[], None]:
+    """A heartbeat for the job's attempt while it prepares (at most every 5 s): fetching a large
+    base model must not look like a lost worker."""
+    last = 0.0
+
+    def beat() -> None:
+        nonlocal last
+        if time.monotonic() - last >= 5:
+            last = time.monotonic()
+            TrainingJob.objects.filter(pk=job.pk, attempts=job.attempts).update(
+                heartbeat_at=timezone.now()
+            )
+
+    return beat
 
 
 def _die_with_parent() -> None:
@@ -972,15 +1006,22 @@ def runner_env(job: TrainingJob, part: int = 0) -> dict[str, str]:
         env.setdefault("USE_TF", "0")
     device = profile(job.device_type)
     if device.visibility_env:
-        # The part's own cards only: the launcher and the framework number them from 0.
+        # The part's own cards only: the launcher and the framework number them from 0. The
+        # node's indices count within the worker's own visibility, if it has one (cards kept
+        # for the serving host).
         held = job.placement[part]["devices"] if job.placement else job.devices
-        env[device.visibility_env] = ",".join(str(i) for i in held)
+        seen = os.environ.get(device.visibility_env, "").split(",")
+        cards = [seen[i] if i < len(seen) and seen[i] else str(i) for i in held]
+        env[device.visibility_env] = ",".join(cards)
     return env
 
 
-def device_holder(job: TrainingJob) -> str:
-    """The job's name as a holder of devices (console.Device.holder)."""
-    return f"{DEVICE_HOLDER_PREFIX}{job.pk}"
+def device_holder(job: TrainingJob, attempt: int | None = 0) -> str:
+    """An attempt of the job as a holder of devices (console.Device.holder): its current one
+    by default; ``None`` gives the prefix of all its attempts."""
+    if attempt is None:
+        return f"{DEVICE_HOLDER_PREFIX}{job.pk}:"
+    return f"{DEVICE_HOLDER_PREFIX}{job.pk}:{attempt or job.attempts}"
 
 
 DEVICE_HOLDER_PREFIX = "training_job:"
@@ -1012,9 +1053,14 @@ class _Supervisor:
         self.log_tail: deque[str] = deque(maxlen=self.LOG_TAIL)
         self.error = ""
         self.cancelled = False
-        # A job that spans nodes: its processes must meet (and start training) by then.
-        self.join_by: float | None = None
+        # The job was taken from this attempt (started again elsewhere, or failed by one of
+        # its parts on another node): the runner stops, and the job is left as it is.
+        self.superseded = False
+        # A job that spans nodes: its processes must meet (and start training) before the
+        # runner has been silent this long.
+        self.join_within: float | None = None
         self.joined = False
+        self.last_event = time.monotonic()
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
@@ -1028,6 +1074,7 @@ class _Supervisor:
         except ValueError:
             return
         kind = event.pop("kind", "log")  # "t", the runner's clock, is kept: benchmarks use it
+        self.last_event = time.monotonic()
         if kind == "progress":
             self.fields.update(
                 step=event["step"],
@@ -1056,12 +1103,23 @@ class _Supervisor:
         if self.pending:
             TrainingEvent.objects.bulk_create(self.pending)
             self.pending = []
-        TrainingJob.objects.filter(pk=self.job.pk).update(
+        TrainingJob.objects.filter(pk=self.job.pk, attempts=self.job.attempts).update(
             heartbeat_at=timezone.now(), **self.fields
         )
         self.fields = {}
-        if TrainingJob.objects.filter(pk=self.job.pk, cancel_requested=True).exists():
+        now = (
+            TrainingJob.objects.filter(pk=self.job.pk)
+            .values("cancel_requested", "status", "attempts")
+            .first()
+        )
+        if now and now["cancel_requested"]:
             self.cancelled = True
+        elif (
+            not now
+            or now["status"] != TrainingJob.Status.RUNNING
+            or now["attempts"] != self.job.attempts
+        ):
+            self.superseded = True
 
     def run(self, proc: subprocess.Popen) -> int:
         # Chunks, not readline(): a buffered readline can keep a second line that arrived with
@@ -1084,10 +1142,16 @@ class _Supervisor:
             if now - last_flush >= self.FLUSH_S:
                 last_flush = now
                 self.flush()
-                if self.cancelled and killed_at is None:
+                if (self.cancelled or self.superseded) and killed_at is None:
                     killed_at = now
                     _signal_group(proc, signal.SIGTERM)
-                if self.join_by and not self.joined and now > self.join_by and killed_at is None:
+                silent = now - self.last_event
+                if (
+                    self.join_within
+                    and not self.joined
+                    and silent > self.join_within
+                    and (killed_at is None)
+                ):
                     self.error = _(
                         "The job's parts on %(nodes)s did not meet within %(s)d s: is every "
                         "node's train worker up, and the first node's address reachable?"
@@ -1126,7 +1190,7 @@ def training_job_execute(job: TrainingJob) -> None:
         sup._event("log", {"message": f"attempt {job.attempts}: the job starts again"})
     if len(job.placement) > 1:
         _start_parts(job, sup)
-        sup.join_by = time.monotonic() + settings.TRAINING_RENDEZVOUS_TIMEOUT_S
+        sup.join_within = settings.TRAINING_RENDEZVOUS_TIMEOUT_S
     proc = subprocess.Popen(
         runner_command(job, workdir),
         cwd=settings.BASE_DIR,
@@ -1144,6 +1208,8 @@ def training_job_execute(job: TrainingJob) -> None:
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
         raise
+    if sup.superseded:
+        return  # another attempt (or a part's failure) decided the job's fate
     job.refresh_from_db()
     if sup.cancelled:
         _finish(job, TrainingJob.Status.CANCELLED)
@@ -1198,6 +1264,17 @@ def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
     if job is None or not current() or job.placement[part]["node"] != settings.NODE_NAME:
         return
     workdir = job_workdir(job)
+    if not (workdir / "spec.json").exists():
+        _fail_part(
+            job_id,
+            attempt,
+            _(
+                "Node %(node)s does not see the job's work directory %(dir)s: a job that spans "
+                "nodes needs TRAINING_WORK_DIR on storage every node mounts."
+            )
+            % {"node": settings.NODE_NAME, "dir": workdir},
+        )
+        return
     log = workdir / "log" / f"node-{part}.out"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -1223,15 +1300,30 @@ def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
         if stopped_at is not None and time.monotonic() - stopped_at > 5:
             _signal_group(proc, signal.SIGKILL)
     if proc.returncode and stopped_at is None:
-        tail = log.read_bytes()[-2000:].decode("utf-8", "replace")
-        TrainingEvent.objects.create(
-            job_id=job_id,
-            kind="log",
-            attempt=attempt,
-            data={
-                "message": f"part {part} on {settings.NODE_NAME} ended ({proc.returncode}):\n{tail}"
-            },
+        # The first node's own failure, if that is what broke the collective, says more.
+        time.sleep(5)
+        tail = log.read_bytes()[-1500:].decode("utf-8", "replace")
+        _fail_part(
+            job_id,
+            attempt,
+            _("Part %(part)d of the job, on node %(node)s, ended with status %(rc)d.")
+            % {"part": part, "node": settings.NODE_NAME, "rc": proc.returncode}
+            + "\n\n"
+            + tail,
         )
+
+
+def _fail_part(job_id: int, attempt: int, error: str) -> None:
+    """A part of a job that spans nodes failed: so does the job (this attempt's, if it still
+    runs); its first node sees that and stops its runner."""
+    with transaction.atomic():
+        job = (
+            TrainingJob.objects.select_for_update()
+            .filter(pk=job_id, status=TrainingJob.Status.RUNNING, attempts=attempt)
+            .first()
+        )
+        if job is not None:
+            _finish(job, TrainingJob.Status.FAILED, error)
 
 
 def training_jobs_reconcile() -> list[int]:
@@ -1253,18 +1345,21 @@ def training_jobs_reconcile() -> list[int]:
     # Devices held by jobs that no longer run (their worker was killed before releasing).
     running = TrainingJob.objects.filter(status=TrainingJob.Status.RUNNING)
     devices_release_all_but(
-        DEVICE_HOLDER_PREFIX, {device_holder(job) for job in running.only("pk")}
+        DEVICE_HOLDER_PREFIX, {device_holder(job) for job in running.only("pk", "attempts")}
     )
+    counts: dict[str, list[int]] = {}  # live nodes' devices, by device type
     for job in TrainingJob.objects.filter(status=TrainingJob.Status.QUEUED):
-        nodes = live_nodes_with(job.device_type)
+        if job.device_type not in counts:
+            counts[job.device_type] = [n for _node, n in live_nodes_with(job.device_type)]
+        found = counts[job.device_type]
         too_few = _("Waiting: no live node has %(n)d %(device)s devices.") % {
             "n": job.device_count,
             "device": job.device_type,
         }
         mine = {_no_node_reason(job.device_type), too_few}
-        if not nodes:
+        if not found:
             reason = _no_node_reason(job.device_type)
-        elif job.device_count > max(n for _node, n in nodes):
+        elif placement_plan(profile(job.device_type), found, job.device_count) is None:
             reason = too_few
         elif job.waiting_reason in mine:
             reason = ""

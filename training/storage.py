@@ -5,6 +5,7 @@ import hashlib
 import shutil
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from django.core.exceptions import ValidationError
@@ -30,8 +31,11 @@ def store_dir(local: Path, prefix: str) -> dict[str, dict]:
     return files
 
 
-def fetch_dir(prefix: str, files: dict[str, dict], local: Path) -> None:
-    """Copy stored files to ``local``, checking each sha256."""
+def fetch_dir(
+    prefix: str, files: dict[str, dict], local: Path, progress: Callable[[], None] | None = None
+) -> None:
+    """Copy stored files to ``local``, checking each sha256; ``progress`` is called after every
+    megabyte (a job's heartbeat while it fetches a large base model)."""
     for rel, meta in files.items():
         target = local / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -40,6 +44,8 @@ def fetch_dir(prefix: str, files: dict[str, dict], local: Path) -> None:
             for block in iter(lambda: src.read(1 << 20), b""):
                 digest.update(block)
                 dst.write(block)
+                if progress:
+                    progress()
         if digest.hexdigest() != meta["sha256"]:
             raise ValueError(f"{rel} in storage does not match its sha256: the file is damaged")
 

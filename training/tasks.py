@@ -25,9 +25,10 @@ def run_training_job(self, job_id: int) -> None:
     try:
         job = services.training_job_claim(job_id, self.request.hostname or "")
     except services.JobMustWait:
-        # The same queue and priority: Celery's retry keeps the request's routing, and
-        # another node of the queue may take it.
-        raise self.retry(countdown=5, max_retries=None) from None
+        # Sent again in a few seconds, on its device type's queue (another node may take it);
+        # not a retry, which would count against the database errors' retries.
+        services.training_job_wait(job_id)
+        return
     if job is not None:
         try:
             services.training_job_execute(job)

@@ -69,12 +69,20 @@ def probe_torch() -> dict:
     return facts
 
 
+def _safely(probe) -> dict:
+    """A framework that fails half-way (a driver error on a card) is reported, not fatal."""
+    try:
+        return probe()
+    except Exception as exc:  # the other framework's facts still count
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def main() -> None:
     os.environ.setdefault("USE_TF", "0")
     facts = {
         "cpu": {"cores": os.cpu_count(), "memory": _memory_bytes()},
-        "paddle": probe_paddle(),
-        "torch": probe_torch() if "--no-torch" not in sys.argv else {"error": "skipped"},
+        "paddle": _safely(probe_paddle),
+        "torch": _safely(probe_torch) if "--no-torch" not in sys.argv else {"error": "skipped"},
     }
     print(json.dumps(facts))
 

@@ -8,7 +8,13 @@ from django.utils import timezone
 
 from console import hardware
 from console.models import Device, Node
-from console.services import DevicesBusy, devices_acquire, node_register, node_stop
+from console.services import (
+    DevicesBusy,
+    devices_acquire,
+    devices_release,
+    node_register,
+    node_stop,
+)
 from training import services
 from training.models import TrainingJob
 
@@ -68,18 +74,19 @@ def test_declared_devices_are_checked(text, message):
         hardware.parse_devices(text)
 
 
-def test_a_node_that_starts_again_holds_nothing_and_forgets_devices_it_lost(team):
+def test_a_node_registered_again_keeps_what_its_devices_hold_and_forgets_lost_ones(team):
     register("n1", "npu:4")
-    devices_acquire(node_name="n1", device_type="npu", count=2, holder="h", label="x", team=team)
+    devices_acquire(node_name="n1", device_type="npu", count=3, holder="h", label="x", team=team)
+    # A second worker under the same name (or --register-only) must not free busy cards.
     node = register("n1", "npu:2")
     assert node.queues == ["train.npu"] and node.alive
-    assert list(node.devices.values_list("index", "holder")) == [(0, ""), (1, "")]
+    assert list(node.devices.values_list("index", "holder")) == [(0, "h"), (1, "h")]
 
 
 def test_devices_are_held_exclusively_and_released(team):
     register("n1", "npu:2")
     a = devices_acquire(
-        node_name="n1", device_type="npu", count=1, holder="a", label="A", team=team
+        node_name="n1", device_type="npu", count=1, holder="a:1", label="A", team=team
     )
     b = devices_acquire(
         node_name="n1", device_type="npu", count=1, holder="b", label="B", team=team
@@ -91,12 +98,21 @@ def test_devices_are_held_exclusively_and_released(team):
         devices_acquire(
             node_name="n1", device_type="npu", count=1, holder="c", label="C", team=team
         )
-    # A holder that asks again (a job's next attempt) gives back what it held first.
+    # A job's next attempt gives back what its earlier attempts held first.
     again = devices_acquire(
-        node_name="n1", device_type="npu", count=1, holder="a", label="A", team=team
+        node_name="n1",
+        device_type="npu",
+        count=1,
+        holder="a:2",
+        replaces="a:",
+        label="A",
+        team=team,
     )
     assert again["n1"][0].index == a["n1"][0].index
-    assert Device.objects.filter(holder="a").count() == 1
+    assert list(Device.objects.exclude(holder="").values_list("holder", flat=True)) == [
+        "a:2",
+        "b",
+    ]
 
 
 def test_a_job_that_spans_nodes_is_placed_all_at_once_or_not_at_all(team):
@@ -205,5 +221,50 @@ def test_reconcile_frees_the_devices_of_jobs_that_ended_without_releasing(
     job = services.training_job_claim(submit(owner, team, version).pk, "w")
     assert Device.objects.filter(holder=services.device_holder(job)).count() == 1
     TrainingJob.objects.filter(pk=job.pk).update(status="failed")  # its worker was killed
+    # Just taken: perhaps by a claim that committed after the beat read the running jobs.
+    services.training_jobs_reconcile()
+    assert Device.objects.exclude(holder="").count() == 1
+    Device.objects.update(held_since=timezone.now() - timezone.timedelta(minutes=2))
     services.training_jobs_reconcile()
     assert not Device.objects.exclude(holder="").exists()
+
+
+def test_a_job_taken_again_after_its_worker_died_waits_queued_when_its_cards_are_busy(
+    team, owner, make_dataset
+):
+    version = make_dataset()
+    register(settings.NODE_NAME, "npu:1")
+    job = submit(owner, team, version, device_type="npu")
+    TrainingJob.objects.filter(pk=job.pk).update(
+        status="running",
+        attempts=1,
+        node="gone",
+        heartbeat_at=timezone.now() - timezone.timedelta(minutes=5),
+    )
+    devices_acquire(
+        node_name=settings.NODE_NAME, device_type="npu", count=1, holder="o", label="O", team=team
+    )
+    with pytest.raises(services.JobMustWait):
+        services.training_job_claim(job.pk, "w")
+    job.refresh_from_db()
+    assert job.status == "queued" and job.attempts == 1 and "0 of 1 npu" in job.waiting_reason
+    devices_release("o")
+    job = services.training_job_claim(job.pk, "w")
+    assert job.attempts == 2 and job.devices == [0]
+    assert Device.objects.get().holder == services.device_holder(job) == f"training_job:{job.pk}:2"
+
+
+def test_a_job_sees_its_cards_through_the_workers_own_visibility(
+    team, owner, make_dataset, monkeypatch
+):
+    """Cards 0-3 kept for the serving host: the worker sees 4-7 as its 0-3."""
+    version = make_dataset()
+    register(settings.NODE_NAME, "gpu:4")
+    job = services.training_job_claim(
+        submit(owner, team, version, device_type="gpu", device_count=2).pk, "w"
+    )
+    assert job.devices == [0, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert services.runner_env(job)["CUDA_VISIBLE_DEVICES"] == "4,5"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert services.runner_env(job)["CUDA_VISIBLE_DEVICES"] == "0,1"
