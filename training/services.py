@@ -881,13 +881,20 @@ def _still_running(job: TrainingJob, now) -> bool:
     """Its supervisor beats (every half second); on this node, its process is also alive and
     not this one (a node runs one worker process per device)."""
     if job.node == settings.NODE_NAME and job.pid:
-        try:
-            os.kill(job.pid, 0)
-        except ProcessLookupError:
-            return False
-        if job.pid == os.getpid():
+        if job.pid == os.getpid() or not _alive(job.pid):
             return False
     return bool(job.heartbeat_at and (now - job.heartbeat_at).total_seconds() < 30)
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs: not gone, and not a zombie (a pool process killed a moment ago
+    that the worker has not reaped yet, while its sibling takes the job back)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:

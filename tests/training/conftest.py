@@ -96,6 +96,16 @@ def wait_for(job, statuses=("succeeded", "failed", "cancelled"), timeout: float 
         time.sleep(0.3)
 
 
+def losses(job) -> dict[int, float]:
+    """The job's training loss by step, as its runner reported it."""
+    return {e.data["step"]: e.data["loss"] for e in job.events.filter(kind="loss")}
+
+
+def log_of(job) -> str:
+    """The job's log lines (its runner's output and the worker's notes), one text."""
+    return "\n".join(e.data["message"] for e in job.events.filter(kind="log"))
+
+
 def stored_model(team, owner, tmp_path: Path, **fields):
     """A model version with real files in storage (a made-up export), as a job leaves one."""
     from training import storage

@@ -10,7 +10,7 @@ import pytest
 from django.core.files.storage import default_storage
 from django.db import transaction
 
-from tests.training.conftest import wait_for
+from tests.training.conftest import log_of, losses, wait_for
 from training import services
 from training.models import ModelVersion, TrainingJob
 
@@ -141,13 +141,10 @@ def test_two_cpu_processes_train_one_job_to_the_result_of_one_process(
     one, two = wait_for(one), wait_for(two)
     assert one.status == two.status == "succeeded", (one.error, two.error)
     assert one.total_steps == two.total_steps
-    launched = " ".join(e.data["message"] for e in two.events.filter(kind="log"))
+    launched = log_of(two)
     assert "2 processes train this job" in launched
     if backend == "paddle":
         assert "nproc_per_node: 2" in launched and "with_gloo: 1" in launched
-
-    def losses(job):
-        return {e.data["step"]: e.data["loss"] for e in job.events.filter(kind="loss")}
 
     last = one.total_steps
     assert losses(two)[last] == pytest.approx(losses(one)[last], rel=1e-3, abs=1e-4)

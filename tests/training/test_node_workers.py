@@ -12,7 +12,7 @@ from django.db import transaction
 
 from console.models import Node
 from tests.conftest import start_train_worker, stop_worker
-from tests.training.conftest import wait_for
+from tests.training.conftest import log_of, losses, wait_for
 from training import services
 from training.models import TrainingJob
 
@@ -43,10 +43,6 @@ def submit(owner, team, version, **kwargs) -> TrainingJob:
 
 def overlap(a: TrainingJob, b: TrainingJob) -> bool:
     return a.started_at < b.finished_at and b.started_at < a.finished_at
-
-
-def log_of(job: TrainingJob) -> str:
-    return "\n".join(e.data["message"] for e in job.events.filter(kind="log"))
 
 
 def test_jobs_go_to_the_node_of_their_device_and_hold_their_cards_alone(
@@ -159,9 +155,6 @@ def test_a_job_spans_two_nodes_and_ends_where_one_process_ends(
     log = log_of(spanning)
     assert "the job spans 2 nodes" in log and "2 processes train this job" in log
     assert one.total_steps == spanning.total_steps
-
-    def losses(job):
-        return {e.data["step"]: e.data["loss"] for e in job.events.filter(kind="loss")}
 
     last = one.total_steps
     assert losses(spanning)[last] == pytest.approx(losses(one)[last], rel=1e-3, abs=1e-4)
