@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
@@ -60,23 +61,23 @@ def _start_node_heartbeat(**_kwargs) -> None:
     from django.db import close_old_connections
 
     from console.hardware import NodeDevice
-    from console.services import node_heartbeat, node_register
+    from console.services import node_beat, node_redetect
 
     registration = json.loads(os.environ.get("PLATFORM_NODE_REGISTRATION") or "{}")
     devices = [NodeDevice(**d) for d in registration.get("devices", [])]
+    simulated, address = registration.get("simulated", False), registration.get("address", "")
 
     def beat() -> None:
+        nonlocal devices
+        detected_at = time.monotonic()
         while True:
             try:
                 close_old_connections()
-                if not node_heartbeat(settings.NODE_NAME) and devices:
-                    # The node's row went away (deleted, a database restored): register again.
-                    node_register(
-                        name=settings.NODE_NAME,
-                        devices=devices,
-                        simulated=registration.get("simulated", False),
-                        address=registration.get("address", ""),
-                    )
+                node_beat(settings.NODE_NAME, devices, simulated=simulated, address=address)
+                every = settings.NODE_REDETECT_S
+                if not simulated and every and time.monotonic() - detected_at >= every:
+                    detected_at = time.monotonic()
+                    devices = node_redetect(settings.NODE_NAME, devices, address=address)
             except Exception:  # the database away for a while: beat again later
                 logging.getLogger(__name__).exception("node heartbeat failed")
             if _node_beating.wait(settings.NODE_HEARTBEAT_S):

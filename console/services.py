@@ -1,7 +1,9 @@
 """Every write of the console app: one function per use case, each recording its audit event."""
 
+import logging
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.auth.password_validation import validate_password
@@ -251,6 +253,31 @@ def node_heartbeat(name: str) -> bool:
     return bool(nodes.filter(stopped_at__isnull=True).update(heartbeat_at=timezone.now())) or (
         nodes.exists()
     )
+
+
+def node_beat(name: str, devices: list[NodeDevice], *, simulated: bool, address: str) -> None:
+    """The train worker's heartbeat; a node whose row went away (deleted, a database
+    restored) is registered again with the devices the worker has."""
+    if not node_heartbeat(name) and devices:
+        node_register(name=name, devices=devices, simulated=simulated, address=address)
+
+
+def node_redetect(name: str, devices: list[NodeDevice], *, address: str) -> list[NodeDevice]:
+    """Detect the node's devices again (the heartbeat, every NODE_REDETECT_S): a card that
+    failed or came back changes the registry. Returns the devices the node has now. A device
+    type that was not there at start needs the worker started again (its queue)."""
+    facts = hardware.probe(settings.TRAINING_PYTHON)
+    if "error" in facts:
+        return devices  # the probe failed: keep what was known
+    found = hardware.devices_from_probe(facts, settings.NODE_CPU_SLOTS)
+    if {(d.device_type, d.index) for d in found} == {(d.device_type, d.index) for d in devices}:
+        return devices
+    log = logging.getLogger(__name__)
+    log.warning("node %s: devices changed from %s to %s", name, devices, found)
+    if {d.device_type for d in found} - {d.device_type for d in devices}:
+        log.warning("node %s: a new device type; restart its train worker to serve it", name)
+    node_register(name=name, devices=found, simulated=False, facts=facts, address=address)
+    return found
 
 
 def node_stop(name: str) -> None:

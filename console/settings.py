@@ -223,6 +223,8 @@ NODE_ADDRESS = os.environ.get("PLATFORM_NODE_ADDRESS", "")
 # CPU jobs one node runs at once (its CPU "slots") when devices are detected.
 NODE_CPU_SLOTS = int(os.environ.get("PLATFORM_CPU_SLOTS", "1"))
 NODE_HEARTBEAT_S = float(os.environ.get("PLATFORM_NODE_HEARTBEAT_S", "15"))
+# The worker detects its devices again this often (a card that failed or came back); 0: never.
+NODE_REDETECT_S = float(os.environ.get("PLATFORM_NODE_REDETECT_S", "600"))
 # A node that has not beaten for this long is shown as stopped; its jobs wait for others.
 NODE_STALE_S = float(os.environ.get("PLATFORM_NODE_STALE_S", "60"))
 

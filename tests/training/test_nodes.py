@@ -268,3 +268,26 @@ def test_a_job_sees_its_cards_through_the_workers_own_visibility(
     assert services.runner_env(job)["CUDA_VISIBLE_DEVICES"] == "4,5"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert services.runner_env(job)["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_a_card_that_fails_leaves_the_registry_at_the_next_detection(team, monkeypatch):
+    """The heartbeat detects again: what the probe reports now (a fake probe here: this
+    machine has no cards) becomes the node's devices; a failed probe changes nothing."""
+    from console.services import node_redetect
+
+    def facts(cards: int) -> dict:
+        gpu = [
+            {"detect": "cuda", "index": i, "name": "A800", "memory": 80 << 30} for i in range(cards)
+        ]
+        return {"cpu": {"cores": 8}, "paddle": {"devices": gpu}, "torch": {}}
+
+    start = hardware.devices_from_probe(facts(2))
+    node_register(name="gpu-node", devices=start, simulated=False, address="10.0.0.5")
+    monkeypatch.setattr(hardware, "probe", lambda python: facts(1))
+    now = node_redetect("gpu-node", start, address="10.0.0.5")
+    assert [(d.device_type, d.index) for d in now] == [("cpu", 0), ("gpu", 0)]
+    node = Node.objects.get(name="gpu-node")
+    assert list(node.devices.values_list("device_type", "index")) == [("cpu", 0), ("gpu", 0)]
+    assert node.address == "10.0.0.5" and node.facts["paddle"]["devices"][0]["name"] == "A800"
+    monkeypatch.setattr(hardware, "probe", lambda python: {"error": "probe timed out"})
+    assert node_redetect("gpu-node", now, address="10.0.0.5") == now
