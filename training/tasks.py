@@ -4,10 +4,14 @@ from django.db import DatabaseError
 from training import services
 
 
+# No result is stored: a job that waited is sent again under the same task id, and Celery does
+# not give back a lost worker's task whose id already has a SUCCESS stored (it would take it for
+# a task that succeeded before the worker died).
 @shared_task(
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
+    ignore_result=True,
     autoretry_for=(DatabaseError,),
     retry_backoff=2,
     retry_backoff_max=60,
@@ -19,9 +23,9 @@ def run_training_job(self, job_id: int) -> None:
     Acknowledged late and rejected when the worker is lost: a worker killed mid-job puts the
     job back on its queue, and the next attempt resumes from the last checkpoint. A team at its
     concurrency limit, or a node whose devices are held by other jobs, waits: the task comes
-    back in a few seconds. The job holds its devices until its task ends. The database unreachable
-    (or locked) mid-way: the runner is stopped and the task retried with backoff; the job
-    resumes from its checkpoint."""
+    back in a few seconds. The job holds its devices until its task ends. The database
+    unreachable (or locked) mid-way: the runner is stopped and the task retried with backoff;
+    the job resumes from its checkpoint."""
     try:
         job = services.training_job_claim(job_id, self.request.hostname or "")
     except services.JobMustWait:
@@ -36,7 +40,7 @@ def run_training_job(self, job_id: int) -> None:
             services.training_job_release_devices(job)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=False)
+@shared_task(acks_late=True, reject_on_worker_lost=False, ignore_result=True)
 def run_training_job_part(job_id: int, part: int, attempt: int) -> None:
     """One node's part of a job that spans nodes (queue ``node.<name>`` of that node). Not
     given back when its worker dies: the job's first node sees its processes fail, and the
