@@ -847,7 +847,7 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
             count=plan[1],
             nodes=plan[0],
             holder=device_holder(job, job.attempts + 1),
-            replaces=device_holder(job, None),
+            replaces=device_holder_prefix(job),
             label=f"#{job.pk} {job.name}",
             team=job.team,
         )
@@ -864,8 +864,11 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     job.worker = worker
     job.node = settings.NODE_NAME
     job.devices = [d.index for d in placed[settings.NODE_NAME]]
+    # Where each part's node is reached: the launchers meet at the first one's address.
+    addresses = dict(Node.objects.filter(name__in=placed).values_list("name", "address"))
     job.placement = [
-        {"node": node, "devices": [d.index for d in held]} for node, held in placed.items()
+        {"node": node, "address": addresses.get(node, ""), "devices": [d.index for d in held]}
+        for node, held in placed.items()
     ]
     job.rendezvous = ""
     job.pid = os.getpid()
@@ -990,10 +993,8 @@ def runner_command(job: TrainingJob, workdir: Path, part: int = 0) -> list[str]:
         launch += ["--master", job.rendezvous, "--nnodes", str(nodes), "--rank", str(part)]
         # This node's address as the others reach it: the first node serves the rendezvous
         # only if it knows the master's address for its own.
-        node = job.placement[part]["node"]
-        address = Node.objects.filter(name=node).values_list("address", flat=True).first()
-        if address:
-            launch += ["--host", address]
+        if job.placement[part]["address"]:
+            launch += ["--host", job.placement[part]["address"]]
     else:
         launch += ["--nnodes", "1"]
     launch += ["--nproc_per_node", str(n), "--log_dir", str(workdir / "log" / f"node-{part}")]
@@ -1023,12 +1024,15 @@ def runner_env(job: TrainingJob, part: int = 0) -> dict[str, str]:
     return env
 
 
-def device_holder(job: TrainingJob, attempt: int | None = 0) -> str:
-    """An attempt of the job as a holder of devices (console.Device.holder): its current one
-    by default; ``None`` gives the prefix of all its attempts."""
-    if attempt is None:
-        return f"{DEVICE_HOLDER_PREFIX}{job.pk}:"
-    return f"{DEVICE_HOLDER_PREFIX}{job.pk}:{attempt or job.attempts}"
+def device_holder(job: TrainingJob, attempt: int | None = None) -> str:
+    """An attempt of the job (its current one by default) as a holder of devices
+    (console.Device.holder)."""
+    return f"{device_holder_prefix(job)}{job.attempts if attempt is None else attempt}"
+
+
+def device_holder_prefix(job: TrainingJob) -> str:
+    """What every attempt of the job holds devices under."""
+    return f"{DEVICE_HOLDER_PREFIX}{job.pk}:"
 
 
 DEVICE_HOLDER_PREFIX = "training_job:"
@@ -1243,11 +1247,10 @@ def _start_parts(job: TrainingJob, sup: "_Supervisor") -> None:
     directory is shared (TRAINING_WORK_DIR on NFS): the parts read its data and checkpoint."""
     from training.tasks import run_training_job_part
 
-    address = Node.objects.filter(name=job.node).values_list("address", flat=True).first()
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
-    job.rendezvous = f"{address or '127.0.0.1'}:{port}"
+    job.rendezvous = f"{job.placement[0]['address'] or '127.0.0.1'}:{port}"
     job.save(update_fields=["rendezvous"])
     nodes = ", ".join(f"{p['node']} {p['devices']}" for p in job.placement)
     sup._event("log", {"message": f"the job spans {len(job.placement)} nodes: {nodes}"})
