@@ -610,17 +610,20 @@ def training_job_submit(
                     "nodes": ", ".join(node.name for node, n in nodes if n == most),
                 }
             )
-        raise ValidationError(
-            _(
-                "The live nodes cannot hold %(n)d %(device)s devices in equal shares (a job "
-                "spans nodes with as many devices on each): they have %(counts)s."
+        message = _(
+            "The live nodes cannot hold %(n)d %(device)s devices in equal shares (a job "
+            "spans nodes with as many devices on each): they have %(counts)s."
+        ) % {
+            "n": device_count,
+            "device": device.label,
+            "counts": ", ".join(f"{node.name} {n}" for node, n in nodes),
+        }
+        if device.name == "cpu":
+            message += " " + _(
+                "A node's CPU counts as PLATFORM_CPU_SLOTS devices (1 by default): raise it "
+                "there, or ask for fewer."
             )
-            % {
-                "n": device_count,
-                "device": device.label,
-                "counts": ", ".join(f"{node.name} {n}" for node, n in nodes),
-            }
-        )
+        raise ValidationError(message)
     data_report = {}
     if generative:
         try:

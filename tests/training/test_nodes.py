@@ -291,3 +291,12 @@ def test_a_card_that_fails_leaves_the_registry_at_the_next_detection(team, monke
     assert node.address == "10.0.0.5" and node.facts["paddle"]["devices"][0]["name"] == "A800"
     monkeypatch.setattr(hardware, "probe", lambda python: {"error": "probe timed out"})
     assert node_redetect("gpu-node", now, address="10.0.0.5") == now
+
+
+def test_a_cpu_job_for_more_slots_than_the_nodes_have_says_how_to_get_them(
+    team, owner, make_dataset
+):
+    version = make_dataset()
+    register("workstation", "cpu:1")
+    with pytest.raises(ValidationError, match="PLATFORM_CPU_SLOTS devices"):
+        submit(owner, team, version, device_count=2)
