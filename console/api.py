@@ -1,9 +1,11 @@
 """REST API of the platform core, under /api/v1/. Views are thin: services write, selectors read."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -11,6 +13,7 @@ from rest_framework.views import APIView
 from console import health, selectors, services
 from console.forms import AuditFilterForm
 from console.models import Membership
+from console.pagination import PaginatedList
 from console.permissions import TeamPermission
 from console.roles import Perm
 from console.serializers import (
@@ -27,12 +30,25 @@ from console.serializers import (
 )
 
 
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = _(
+        "Another request changed the same objects at the same moment; nothing was changed. "
+        "Reload and try again."
+    )
+    default_code = "conflict"
+
+
 def service_call(fn, **kwargs):
-    """Call a service; its ValidationError becomes a 400 with the messages (apps' APIs too)."""
+    """Call a service; its ValidationError becomes a 400 with the messages (apps' APIs too),
+    and a uniqueness or reference that a concurrent request broke between the service's check
+    and its write (the database refused it: the transaction rolled back) a 409."""
     try:
         return fn(**kwargs)
     except DjangoValidationError as exc:
         raise ValidationError({"detail": exc.messages}) from exc
+    except IntegrityError as exc:
+        raise Conflict() from exc
 
 
 class MeView(APIView):
@@ -48,12 +64,15 @@ class HealthView(APIView):
         return Response([c.as_dict() for c in checks])
 
 
-class NodeList(APIView):
+class NodeList(PaginatedList, APIView):
     """The nodes, their devices and what holds each (named for the holder's team only)."""
 
     @extend_schema(responses=NodeSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(NodeSerializer(selectors.nodes_overview(request.user), many=True).data)
+        paginator = self.pagination_class()
+        nodes = paginator.paginate_queryset(selectors.nodes_with_devices(), request, view=self)
+        data = NodeSerializer(selectors.nodes_overview(request.user, nodes), many=True).data
+        return paginator.get_paginated_response(data)
 
 
 class TokenListCreate(generics.ListCreateAPIView):
@@ -66,8 +85,12 @@ class TokenListCreate(generics.ListCreateAPIView):
     def post(self, request: Request) -> Response:
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
         token, key = service_call(
-            services.api_token_create, actor=request.user, name=serializer.validated_data["name"]
+            services.api_token_create,
+            actor=request.user,
+            name=data["name"],
+            expires_in_days=data.get("expires_in_days", "default"),
         )
         token.key = key
         return Response(NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
@@ -110,14 +133,14 @@ class TeamDetail(APIView):
         return Response(TeamSerializer(request.team, context={"roles": roles}).data)
 
 
-class MemberListCreate(APIView):
+class MemberListCreate(PaginatedList, APIView):
     permission_classes = [TeamPermission]
     write_permission = Perm.TEAM_MANAGE
 
     @extend_schema(responses=MembershipSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
         memberships = selectors.team_memberships(request.team)
-        return Response(MembershipSerializer(memberships, many=True).data)
+        return self.paginated(request, memberships, MembershipSerializer)
 
     @extend_schema(request=InviteSerializer, responses={201: MembershipSerializer})
     def post(self, request: Request, team: str) -> Response:
@@ -181,4 +204,5 @@ class AuditList(generics.ListAPIView):
         form = AuditFilterForm(self.request.query_params)
         if not form.is_valid():
             raise ValidationError(form.errors)
-        return selectors.team_audit_events(self.request.team, **form.cleaned_data)
+        events = selectors.team_audit_events(self.request.team, **form.cleaned_data)
+        return events.select_related("team")  # each event names its team's slug

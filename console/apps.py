@@ -7,4 +7,7 @@ class ConsoleConfig(AppConfig):
     verbose_name = _("Console")
 
     def ready(self) -> None:
-        from console import signals  # noqa: F401  (connects the audit receivers)
+        from console import (
+            openapi,  # noqa: F401  (registers the API token's OpenAPI security scheme)
+            signals,  # noqa: F401  (connects the audit receivers)
+        )

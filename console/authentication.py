@@ -17,12 +17,15 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if len(header) != 2 or not header[1].startswith(TOKEN_PREFIX):
             raise exceptions.AuthenticationFailed(_("Malformed Authorization header."))
         token = (
-            ApiToken.objects.select_related("user")
-            .filter(key_hash=hash_token(header[1]), revoked_at__isnull=True)
-            .first()
+            ApiToken.objects.select_related("user").filter(key_hash=hash_token(header[1])).first()
         )
-        if token is None or not token.user.is_active:
+        if token is None or token.revoked_at is not None or not token.user.is_active:
             raise exceptions.AuthenticationFailed(_("Invalid or revoked API token."))
+        if token.is_expired:
+            raise exceptions.AuthenticationFailed(
+                _("This token expired on %(date)s: create a new one on the Tokens page.")
+                % {"date": timezone.localtime(token.expires_at).isoformat(timespec="minutes")}
+            )
         now = timezone.now()
         # Bounded write rate: touch last_used_at at most once a minute per token.
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:

@@ -1,5 +1,7 @@
 from django import forms
+from django.conf import settings
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from console.roles import Role
 
@@ -17,8 +19,37 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(label=_("Role"), choices=Role.choices)
 
 
+NEVER = "never"
+
+
+def expiry_choices(default_days: int | None) -> list[tuple[str, str]]:
+    """The "in N days" choices (the configured ones and the default), then "never"."""
+    days = sorted(
+        {*settings.API_TOKEN_EXPIRY_CHOICES_DAYS, *([default_days] if default_days else [])}
+    )
+    return [
+        *((str(d), ngettext("in %(n)d day", "in %(n)d days", d) % {"n": d}) for d in days),
+        (NEVER, _("never")),
+    ]
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(label=_("Token name"), max_length=100)
+    expires_in_days = forms.ChoiceField(label=_("Expires"), required=False)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        default = settings.API_TOKEN_DEFAULT_DAYS or None
+        field = self.fields["expires_in_days"]
+        field.choices = expiry_choices(default)
+        field.initial = str(default) if default else NEVER
+
+    def clean_expires_in_days(self) -> int | None:
+        """Days, None for never; left out: the configured default."""
+        value = self.cleaned_data["expires_in_days"]
+        if not value:
+            return settings.API_TOKEN_DEFAULT_DAYS or None
+        return None if value == NEVER else int(value)
 
 
 class UserForm(forms.Form):

@@ -61,6 +61,8 @@ class HashedKey(models.Model):
     key_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Empty: the key never expires.
+    expires_at = models.DateTimeField(_("expires at"), null=True, blank=True)
 
     class Meta:
         abstract = True
@@ -70,8 +72,19 @@ class HashedKey(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
     @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.is_expired
+
+    @property
+    def status(self) -> str:
+        """``active``, ``revoked`` or ``expired`` (a revoked key stays revoked once expired)."""
+        if self.revoked_at is not None:
+            return "revoked"
+        return "expired" if self.is_expired else "active"
 
     def revoke(self) -> bool:
         """Revoke the key; False when it already was."""

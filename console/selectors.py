@@ -1,5 +1,6 @@
 """Reads shared by console views and the API; every one is scoped to a user or a team."""
 
+from collections.abc import Iterable
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -91,14 +92,21 @@ def team_audit_events(
 
 
 def audit_actions(team: Team) -> list[str]:
-    return sorted(set(team_audit_events(team).values_list("action", flat=True)))
+    return list(
+        team_audit_events(team).order_by("action").values_list("action", flat=True).distinct()
+    )
 
 
-def nodes_overview(user: AbstractBaseUser) -> list[Node]:
-    """Every node with its devices, in two queries. What holds a device is named to members of
-    the holder's team and to site administrators; others see that a device is taken."""
+def nodes_with_devices() -> QuerySet[Node]:
+    return Node.objects.prefetch_related("devices").order_by("name")
+
+
+def nodes_overview(user: AbstractBaseUser, nodes: Iterable[Node] | None = None) -> list[Node]:
+    """Every node (or these, from ``nodes_with_devices``) with its devices, in three queries.
+    What holds a device is named to members of the holder's team and to site administrators;
+    others see that a device is taken."""
     teams = set(teams_for_user(user).values_list("pk", flat=True))
-    nodes = list(Node.objects.prefetch_related("devices"))
+    nodes = list(nodes_with_devices() if nodes is None else nodes)
     for node in nodes:
         for device in node.devices.all():
             if not device.holder:

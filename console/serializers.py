@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from console.models import ApiToken, AuditEvent, Device, Membership, Node, Team
 from console.roles import Role
+from console.services import KEY_MAX_DAYS
 
 
 class UserSerializer(serializers.ModelSerializer):
@@ -43,10 +44,36 @@ class RoleSerializer(serializers.Serializer):
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
+    expires_in_days = serializers.IntegerField(
+        write_only=True,
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=KEY_MAX_DAYS,
+        help_text="Days until the token expires; null: never; left out: the platform's default "
+        "(API_TOKEN_DEFAULT_DAYS, 90 unless configured).",
+    )
+
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
-        read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "expires_at",
+            "expires_in_days",
+        ]
+        read_only_fields = [
+            "id",
+            "prefix",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "expires_at",
+        ]
 
 
 class NewApiTokenSerializer(ApiTokenSerializer):
@@ -57,7 +84,7 @@ class NewApiTokenSerializer(ApiTokenSerializer):
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     actor = serializers.CharField(source="actor_username", read_only=True)
 
     class Meta:

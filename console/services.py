@@ -1,7 +1,8 @@
 """Every write of the console app: one function per use case, each recording its audit event."""
 
 import logging
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -142,14 +143,49 @@ def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> Non
     membership.delete()
 
 
+# The longest lifetime a key may be given, in days; longer is "never" (explicitly).
+KEY_MAX_DAYS = 3650
+
+
+def key_expiry(days: int | None) -> datetime | None:
+    """When a key issued now for ``days`` days expires; None (never) for ``None``."""
+    if days is None:
+        return None
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= KEY_MAX_DAYS:
+        raise ValidationError(
+            _("A key expires in 1 to %(max)d days, or never; %(days)r is neither.")
+            % {"max": KEY_MAX_DAYS, "days": days}
+        )
+    return timezone.now() + timedelta(days=days)
+
+
+def api_token_default_days() -> int | None:
+    """The lifetime of a token whose creator did not choose one (API_TOKEN_DEFAULT_DAYS)."""
+    return settings.API_TOKEN_DEFAULT_DAYS or None
+
+
 @transaction.atomic
-def api_token_create(*, actor: AbstractBaseUser, name: str) -> tuple[ApiToken, str]:
-    """Create a personal token; returns it with its key, which is never retrievable again."""
+def api_token_create(
+    *,
+    actor: AbstractBaseUser,
+    name: str,
+    expires_in_days: int | Literal["default"] | None = "default",
+) -> tuple[ApiToken, str]:
+    """Create a personal token; returns it with its key, which is never retrievable again.
+    ``expires_in_days``: None never expires; "default" is API_TOKEN_DEFAULT_DAYS."""
     name = name.strip()
     if not name:
         raise ValidationError(_("A token needs a name."))
-    token, key = ApiToken.issue(user=actor, name=name[:100])
-    audit_record(action="token.create", actor=actor, target=token)
+    if expires_in_days == "default":
+        expires_in_days = api_token_default_days()
+    expires_at = key_expiry(expires_in_days)
+    token, key = ApiToken.issue(user=actor, name=name[:100], expires_at=expires_at)
+    audit_record(
+        action="token.create",
+        actor=actor,
+        target=token,
+        data={"expires_at": expires_at.isoformat() if expires_at else None},
+    )
     return token, key
 
 

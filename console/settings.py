@@ -47,7 +47,8 @@ if not DEBUG:
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 # Behind a TLS proxy that sets X-Forwarded-Proto (platform/nginx/): requests are HTTPS. Only
 # where the proxy is the sole way in; a client reaching Django directly could claim HTTPS.
-if env_bool("BEHIND_TLS_PROXY", False):
+BEHIND_TLS_PROXY = env_bool("BEHIND_TLS_PROXY", False)
+if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 DATA_DIR = Path(os.environ.get("PLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
@@ -108,6 +109,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'platform.sqlite3'}",
         conn_max_age=60,
+        # A kept connection is checked before a request uses it: after the database restarted,
+        # the first request reconnects instead of failing.
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -166,6 +170,15 @@ if os.environ.get("STORAGE_BACKEND", "filesystem") == "s3":
 UPLOAD_STAGING_DIR = Path(os.environ.get("PLATFORM_UPLOAD_DIR") or DATA_DIR / "uploads")
 UPLOAD_MAX_BYTES = int(float(os.environ.get("PLATFORM_UPLOAD_MAX_MB", "2048")) * 1024 * 1024)
 UPLOAD_CHUNK_BYTES = 4 * 1024 * 1024
+# XLSX is a zip of XML: a few kilobytes can expand to gigabytes (a zip bomb). Before openpyxl
+# reads a workbook, a member that expands more than XLSX_MAX_COMPRESSION_RATIO times (above
+# 100 KiB; Apache POI's ZipSecureFile default, a minimum inflate ratio of 0.01) or members that
+# expand to more than XLSX_MAX_UNCOMPRESSED_BYTES together refuse the file. Real sheets of text
+# compress 5 to 20 times.
+XLSX_MAX_COMPRESSION_RATIO = int(os.environ.get("PLATFORM_XLSX_MAX_COMPRESSION_RATIO", "100"))
+XLSX_MAX_UNCOMPRESSED_BYTES = int(
+    float(os.environ.get("PLATFORM_XLSX_MAX_UNCOMPRESSED_MB", "4096")) * 1024 * 1024
+)
 # Serve straight from the apps' static folders when collectstatic has not run (tests, DEBUG).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
@@ -175,7 +188,9 @@ WHITENOISE_AUTOREFRESH = DEBUG
 SESSION_COOKIE_NAME = "platform_sessionid"
 CSRF_COOKIE_NAME = "platform_csrftoken"
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+# Served over HTTPS (BEHIND_TLS_PROXY), cookies go over HTTPS only. Not by default: over plain
+# HTTP (make run on a LAN address) a browser would drop Secure cookies and no one could log in.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", BEHIND_TLS_PROXY)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 
@@ -292,6 +307,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
 }
+# Personal API tokens expire after this many days unless their creator chooses otherwise
+# ("never" included, explicitly). 90 days: a token forgotten in a script or a CI secret stops
+# working within a quarter, the rotation period most enterprise security policies ask for,
+# while a token in daily use is renewed rarely. 0 makes "never" the default.
+API_TOKEN_DEFAULT_DAYS = int(os.environ.get("API_TOKEN_DEFAULT_DAYS", "90"))
+# The choices offered at creation, in days.
+API_TOKEN_EXPIRY_CHOICES_DAYS = (7, 30, 90, 365)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Model Platform API",
     "DESCRIPTION": "REST API of the private model platform. Authenticate with a personal API "
@@ -302,6 +324,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The error answers of every operation (console.openapi); the enum hook is the default.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.openapi.document_errors",
+    ],
 }
 
 LOGGING = {

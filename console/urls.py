@@ -68,3 +68,5 @@ urlpatterns = [
     path("", include("training.urls")),
     path("", include("deployment.urls")),
 ]
+
+handler500 = "console.views.server_error"

@@ -1,6 +1,7 @@
 """Console pages of the platform core: dashboard, teams, members, API tokens, audit, users,
 nodes."""
 
+import sys
 from functools import wraps
 
 from django.contrib import messages
@@ -9,14 +10,16 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import PasswordChangeForm, SetPasswordForm
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from console import hardware, health, selectors, services
 from console.forms import AuditFilterForm, InviteForm, RoleForm, TeamForm, TokenForm, UserForm
+from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 
@@ -70,10 +73,16 @@ def health_panel(request: HttpRequest) -> HttpResponse:
 @login_required
 def nodes(request: HttpRequest) -> HttpResponse:
     """The machines that train: their devices, what holds each, and whose heartbeat stopped."""
+    page, query = paginate(request, selectors.nodes_with_devices())
     return render(
         request,
         "console/nodes.html",
-        {"nodes": selectors.nodes_overview(request.user), "profiles": hardware.profiles().values()},
+        {
+            "nodes": selectors.nodes_overview(request.user, page),
+            "page": page,
+            "query": query,
+            "profiles": hardware.profiles().values(),
+        },
     )
 
 
@@ -94,12 +103,14 @@ def members(request: HttpRequest) -> HttpResponse:
                 % {"username": membership.user.username, "role": membership.get_role_display()},
             )
             return redirect("console:members", team=request.team.slug)
+    page, query = paginate(request, selectors.team_memberships(request.team))
     return render(
         request,
         "console/members.html",
         {
             "form": form,
-            "memberships": selectors.team_memberships(request.team),
+            "memberships": page,
+            "query": query,
             "roles": Role.choices,
             "can_manage": role_allows(request.membership.role, Perm.TEAM_MANAGE),
         },
@@ -163,7 +174,9 @@ def tokens(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             _token, key = services.api_token_create(
-                actor=request.user, name=form.cleaned_data["name"]
+                actor=request.user,
+                name=form.cleaned_data["name"],
+                expires_in_days=form.cleaned_data["expires_in_days"],
             )
         except ValidationError as exc:
             form.add_error("name", _error_text(exc))
@@ -171,13 +184,15 @@ def tokens(request: HttpRequest) -> HttpResponse:
             # Post/redirect/get: the key rides in the session to the next page view only.
             request.session[NEW_TOKEN_SESSION_KEY] = key
             return redirect("console:tokens")
+    page, query = paginate(request, selectors.user_api_tokens(request.user))
     return render(
         request,
         "console/tokens.html",
         {
             "form": form,
             "new_key": request.session.pop(NEW_TOKEN_SESSION_KEY, None),
-            "tokens": selectors.user_api_tokens(request.user),
+            "tokens": page,
+            "query": query,
         },
     )
 
@@ -228,10 +243,11 @@ def users(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, _("Account “%(username)s” created.") % {"username": user})
             return redirect("console:users")
+    page, query = paginate(request, get_user_model().objects.order_by("username"))
     return render(
         request,
         "console/users.html",
-        {"form": form, "users": get_user_model().objects.order_by("username")},
+        {"form": form, "users": page, "query": query},
     )
 
 
@@ -259,3 +275,22 @@ def user_active(request: HttpRequest, user_id: int) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, _error_text(exc))
     return redirect("console:users")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """The 500 handler (``handler500``): the database unreachable (restarted, failed over) is
+    a 503 that asks to try again, in JSON for the API; anything else is Django's 500 page.
+    Renders no template: a template's context processors would query the database again."""
+    from django.db import InterfaceError, OperationalError
+    from django.views.defaults import server_error as default_server_error
+
+    if not isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+        return default_server_error(request)
+    message = _("The database is unavailable for a moment; nothing was changed. Try again.")
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"detail": message}, status=503)
+    else:
+        body = f"<!doctype html><title>503</title><h1>503</h1><p>{escape(message)}</p>"
+        response = HttpResponse(body, status=503)
+    response["Retry-After"] = "5"
+    return response

@@ -2,7 +2,7 @@
 
 from django.http import StreamingHttpResponse
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api import service_call
+from console.pagination import PaginatedList
 from console.permissions import TeamPermission
 from console.roles import Perm
 from deployment import selectors, services
@@ -50,10 +51,11 @@ def endpoint_detail(endpoint) -> dict:
     return EndpointDetailSerializer(endpoint, context={"revisions": revisions}).data
 
 
-class EndpointListCreate(DeploymentAPIView):
+class EndpointListCreate(PaginatedList, DeploymentAPIView):
     @extend_schema(responses=EndpointSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
-        return Response(EndpointSerializer(selectors.team_endpoints(request.team), many=True).data)
+        endpoints = selectors.team_endpoints(request.team)
+        return self.paginated(request, endpoints, EndpointSerializer)
 
     @extend_schema(request=DeploySerializer, responses={201: EndpointDetailSerializer})
     def post(self, request: Request, team: str) -> Response:
@@ -134,10 +136,11 @@ class EndpointRollback(DeploymentAPIView):
         return Response(endpoint_detail(self.endpoint()))
 
 
-class KeyListCreate(DeploymentAPIView):
+class KeyListCreate(PaginatedList, DeploymentAPIView):
     @extend_schema(responses=KeySerializer(many=True))
     def get(self, request: Request, team: str, endpoint_id: int) -> Response:
-        return Response(KeySerializer(selectors.endpoint_keys(self.endpoint()), many=True).data)
+        keys = selectors.endpoint_keys(self.endpoint())
+        return self.paginated(request, keys, KeySerializer)
 
     @extend_schema(request=KeyCreateSerializer, responses={201: KeyCreatedSerializer})
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
@@ -179,7 +182,19 @@ class EndpointMetrics(DeploymentAPIView):
 class EndpointPredict(DeploymentAPIView):
     """Call the endpoint as the console does (try-it): the serving host's answer as it is."""
 
-    @extend_schema(request=PredictSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=PredictSerializer,
+        responses={
+            200: OpenApiTypes.OBJECT,
+            (422, "application/json"): OpenApiResponse(
+                OpenApiTypes.OBJECT, description="An input the model cannot take, and why."
+            ),
+            (503, "application/json"): OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="The serving host is unreachable, or no revision is ready yet.",
+            ),
+        },
+    )
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
         serializer = PredictSerializer(data=request.data)
@@ -202,7 +217,7 @@ class EndpointChat(DeploymentAPIView):
         serializer.is_valid(raise_exception=True)
         if endpoint.task_kind not in OBJECTIVES:
             raise ValidationError(
-                _("%(name)s is not a generative model.") % {"name": endpoint.name}
+                {"detail": _("%(name)s is not a generative model.") % {"name": endpoint.name}}
             )
         response = StreamingHttpResponse(
             services.endpoint_chat(endpoint=endpoint, body=serializer.validated_data),

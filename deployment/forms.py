@@ -2,6 +2,7 @@ from django import forms
 from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
+from console.services import KEY_MAX_DAYS
 from deployment.server.engines import BUILTIN, ENGINES
 from training.models import ModelVersion
 
@@ -71,6 +72,13 @@ class KeyForm(forms.Form):
         required=False,
         label=_("Rate limit (requests/s)"),
         help_text=_("Empty: no limit."),
+    )
+    expires_in_days = forms.IntegerField(
+        min_value=1,
+        max_value=KEY_MAX_DAYS,
+        required=False,
+        label=_("Expires in (days)"),
+        help_text=_("Empty: never."),
     )
 
 

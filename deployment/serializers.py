@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from console.services import KEY_MAX_DAYS
 from deployment.models import Endpoint, EndpointKey, Placement, Revision
 
 
@@ -41,7 +42,7 @@ class RevisionSerializer(serializers.ModelSerializer):
 
 class EndpointSerializer(serializers.ModelSerializer):
     url = serializers.SerializerMethodField()
-    stable_revision = serializers.PrimaryKeyRelatedField(read_only=True)
+    stable_revision = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
 
     class Meta:
         model = Endpoint
@@ -102,12 +103,20 @@ class WeightSerializer(serializers.Serializer):
 class KeySerializer(serializers.ModelSerializer):
     class Meta:
         model = EndpointKey
-        fields = ["id", "name", "prefix", "rate_per_s", "created_at", "revoked_at"]
+        fields = ["id", "name", "prefix", "rate_per_s", "created_at", "revoked_at", "expires_at"]
 
 
 class KeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     rate_per_s = serializers.FloatField(required=False, allow_null=True, default=None)
+    expires_in_days = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=KEY_MAX_DAYS,
+        help_text="Days until the key expires; null or left out: never.",
+    )
 
 
 class KeyCreatedSerializer(KeySerializer):

@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 
 from console.hardware import profile, profiles
 from console.models import Team
-from console.services import audit_record
+from console.services import audit_record, key_expiry
 from deployment.hosts import HostClient, HostError
 from deployment.models import (
     Endpoint,
@@ -308,7 +308,8 @@ def endpoint_rollback(*, actor: AbstractBaseUser, endpoint: Endpoint) -> Revisio
     endpoint = _lock(endpoint)
     stable = endpoint.stable_revision
     canaries = _active(endpoint).exclude(pk=endpoint.stable_revision_id)
-    if canaries.exists():
+    # Without a stable revision there is nothing good to return to.
+    if stable is not None and canaries.exists():
         target, left = stable, [r.number for r in canaries]
         _retire(canaries)
     elif stable is not None and stable.replaced_id is not None:
@@ -363,23 +364,37 @@ def refuse_deleting_served_version(version: ModelVersion) -> None:
 
 @transaction.atomic
 def endpoint_key_create(
-    *, actor: AbstractBaseUser, endpoint: Endpoint, name: str, rate_per_s: float | None = None
+    *,
+    actor: AbstractBaseUser,
+    endpoint: Endpoint,
+    name: str,
+    rate_per_s: float | None = None,
+    expires_in_days: int | None = None,
 ) -> tuple[EndpointKey, str]:
-    """A key for ``endpoint``; the plain key is returned once and only its hash is kept."""
+    """A key for ``endpoint``; the plain key is returned once and only its hash is kept.
+
+    Unlike personal tokens, an endpoint key never expires unless asked to: it lives in an
+    application's configuration, where a silent expiry is an outage; revocation is the tool."""
     name = name.strip()
     if not name:
         raise ValidationError(_("A key needs a name."))
     if rate_per_s is not None and rate_per_s <= 0:
         raise ValidationError(_("A rate limit is a positive number of requests per second."))
+    expires_at = key_expiry(expires_in_days)
     key, plain = EndpointKey.issue(
-        endpoint=endpoint, name=name, rate_per_s=rate_per_s, created_by=actor
+        endpoint=endpoint, name=name, rate_per_s=rate_per_s, created_by=actor, expires_at=expires_at
     )
     audit_record(
         action="endpoint.key_create",
         actor=actor,
         team=endpoint.team,
         target=endpoint,
-        data={"key": key.name, "prefix": key.prefix, "rate_per_s": rate_per_s},
+        data={
+            "key": key.name,
+            "prefix": key.prefix,
+            "rate_per_s": rate_per_s,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
     )
     _converge_soon()
     return key, plain
@@ -527,8 +542,13 @@ def host_reconcile(host: ServingHost) -> None:
     for endpoint in endpoints:
         table = {r.key: r.weight for r in by_endpoint[endpoint.pk]}
         table.update(dict.fromkeys(keep.get(endpoint.pk, []), 0))
+        # The host checks the expiry itself: a key may expire between two convergences.
         keys = {
-            k.key_hash: {"id": k.pk, "rate_per_s": k.rate_per_s}
+            k.key_hash: {
+                "id": k.pk,
+                "rate_per_s": k.rate_per_s,
+                "expires_at": k.expires_at.timestamp() if k.expires_at else None,
+            }
             for k in endpoint.keys.all()
             if k.is_active
         }

@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
+from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from deployment import selectors, services
@@ -33,16 +34,18 @@ def _form_refused(request: HttpRequest, endpoint, form) -> HttpResponse:
 
 @team_view()
 def endpoints(request: HttpRequest) -> HttpResponse:
+    page, query = paginate(request, selectors.team_endpoints_overview(request.team))
     rows = []
-    for endpoint in selectors.team_endpoints(request.team):
-        revisions = list(selectors.endpoint_revisions(endpoint))
-        state = selectors.endpoint_state(endpoint, revisions)
+    for endpoint in page:
+        state = selectors.endpoint_state(endpoint, endpoint.active_revisions)
         rows.append((endpoint, state, selectors.ENDPOINT_STATES[state]))
     return render(
         request,
         "deployment/endpoints.html",
         {
             "rows": rows,
+            "page": page,
+            "query": query,
             "hosts": selectors.serving_hosts(),
             "can_write": role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE),
         },
@@ -71,9 +74,14 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
 @team_view()
 def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
-    revisions = list(selectors.endpoint_revisions(endpoint))
+    # The state from the active revisions; the history (every revision) and the keys a page
+    # at a time.
+    active = list(selectors.endpoint_revisions(endpoint).filter(status="active"))
+    revisions, revisions_query = paginate(
+        request, selectors.endpoint_revisions(endpoint), param="revisions", per_page=20
+    )
+    keys, keys_query = paginate(request, selectors.endpoint_keys(endpoint), param="keys")
     can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
-    active = [r for r in revisions if r.status == "active"]
     generative = endpoint.task_kind in OBJECTIVES
     return render(
         request,
@@ -82,12 +90,14 @@ def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
             "endpoint": endpoint,
             "generative": generative,
             "base_url": f"{settings.SERVING_PUBLIC_URL}/v1",
-            "state": (state := selectors.endpoint_state(endpoint, revisions)),
+            "state": (state := selectors.endpoint_state(endpoint, active)),
             "state_label": selectors.ENDPOINT_STATES[state],
             "revisions": revisions,
+            "revisions_query": revisions_query,
             "active": active,
             "url": endpoint.inference_url,
-            "keys": selectors.endpoint_keys(endpoint),
+            "keys": keys,
+            "keys_query": keys_query,
             "new_key": request.session.pop("new_endpoint_key", None),
             "key_form": KeyForm(),
             "canary_form": CanaryForm(endpoint=endpoint),

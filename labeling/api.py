@@ -3,9 +3,7 @@
 import re
 from dataclasses import asdict
 
-from django.core.files.storage import default_storage
-from django.http import FileResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -13,9 +11,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api import service_call
+from console.pagination import PaginatedList
 from console.permissions import TeamPermission
 from console.roles import Perm
-from labeling import selectors, services
+from labeling import exports, selectors, services
 from labeling.serializers import (
     DatasetCreateSerializer,
     DatasetSerializer,
@@ -43,11 +42,11 @@ class DatasetAPIView(APIView):
         return selectors.version_get(self.dataset(), self.kwargs["number"])
 
 
-class DatasetListCreate(DatasetAPIView):
+class DatasetListCreate(PaginatedList, DatasetAPIView):
     @extend_schema(responses=DatasetSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
-        datasets = selectors.team_datasets(request.team).prefetch_related("versions")
-        return Response(DatasetSerializer(datasets, many=True).data)
+        datasets = selectors.team_datasets_overview(request.team)
+        return self.paginated(request, datasets, DatasetSerializer)
 
     @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
     def post(self, request: Request, team: str) -> Response:
@@ -142,7 +141,8 @@ class UploadPreview(DatasetAPIView):
             OpenApiParameter("dataset", int, required=True),
             OpenApiParameter("format", str),
             OpenApiParameter("encoding", str),
-        ]
+        ],
+        responses=OpenApiTypes.OBJECT,
     )
     def get(self, request: Request, team: str, upload_id) -> Response:
         """Detected format and encoding, the columns, the first rows and a proposed mapping."""
@@ -227,7 +227,8 @@ class Compare(DatasetAPIView):
         parameters=[
             OpenApiParameter("a", int, required=True),
             OpenApiParameter("b", int, required=True),
-        ]
+        ],
+        responses=OpenApiTypes.OBJECT,
     )
     def get(self, request: Request, team: str, dataset_id: int) -> Response:
         dataset = self.dataset()
@@ -241,11 +242,11 @@ class Compare(DatasetAPIView):
         return Response(asdict(diff))
 
 
-class VersionList(DatasetAPIView):
+class VersionList(PaginatedList, DatasetAPIView):
     @extend_schema(responses=VersionSerializer(many=True))
     def get(self, request: Request, team: str, dataset_id: int) -> Response:
         versions = self.dataset().versions.select_related("parent", "created_by")
-        return Response(VersionSerializer(versions, many=True).data)
+        return self.paginated(request, versions, VersionSerializer)
 
 
 class VersionDetail(DatasetAPIView):
@@ -262,7 +263,10 @@ def _page(request: Request) -> int:
 
 
 class VersionRows(DatasetAPIView):
-    @extend_schema(parameters=[OpenApiParameter(p, str) for p in ("q", "label", "split", "page")])
+    @extend_schema(
+        parameters=[OpenApiParameter(p, str) for p in ("q", "label", "split", "page")],
+        responses=OpenApiTypes.OBJECT,
+    )
     def get(self, request: Request, team: str, dataset_id: int, number: int) -> Response:
         page = selectors.version_rows(
             self.version(),
@@ -279,7 +283,10 @@ class VersionRows(DatasetAPIView):
 
 
 class VersionReport(DatasetAPIView):
-    @extend_schema(parameters=[OpenApiParameter("reason", str), OpenApiParameter("page", int)])
+    @extend_schema(
+        parameters=[OpenApiParameter("reason", str), OpenApiParameter("page", int)],
+        responses=OpenApiTypes.OBJECT,
+    )
     def get(self, request: Request, team: str, dataset_id: int, number: int) -> Response:
         page = selectors.report_entries(
             self.version().report_file,
@@ -296,10 +303,12 @@ class VersionReport(DatasetAPIView):
 
 
 class VersionDownload(DatasetAPIView):
-    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    # The type is the file's: the original upload's, CSV, XLSX, JSON (report) or JSONL.
+    @extend_schema(responses={(200, "*/*"): bytes})
     def get(self, request: Request, team: str, dataset_id: int, number: int, kind: str):
-        name, filename = selectors.version_file(self.version(), kind)
-        return FileResponse(default_storage.open(name, "rb"), as_attachment=True, filename=filename)
+        """``original``, ``normalized`` (JSONL), ``report``, or the rows as ``csv`` or ``xlsx``
+        (cells that a spreadsheet would run as formulas neutralised)."""
+        return service_call(exports.download_response, version=self.version(), kind=kind)
 
 
 class LabelingProjectAPIView(APIView):
@@ -310,11 +319,11 @@ class LabelingProjectAPIView(APIView):
         return selectors.labeling_project_get(self.request.team, self.kwargs["project_id"])
 
 
-class LabelingProjectListCreate(LabelingProjectAPIView):
+class LabelingProjectListCreate(PaginatedList, LabelingProjectAPIView):
     @extend_schema(responses=LabelingProjectSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
         projects = selectors.team_labeling_projects(request.team)
-        return Response(LabelingProjectSerializer(projects, many=True).data)
+        return self.paginated(request, projects, LabelingProjectSerializer)
 
     @extend_schema(
         request=LabelingProjectCreateSerializer, responses={201: LabelingProjectSerializer}
@@ -333,6 +342,7 @@ class LabelingProjectListCreate(LabelingProjectAPIView):
 
 
 class LabelingProjectDetail(LabelingProjectAPIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, team: str, project_id: int) -> Response:
         """The project, its progress and (with overlap) its agreement."""
         project = self.project()

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from django.core.files.storage import default_storage
-from django.db.models import QuerySet
+from django.db.models import Count, Max, QuerySet
 from django.http import Http404
 
 from console.models import Team
@@ -17,6 +17,16 @@ from labeling.task_kinds import schema_for
 
 def team_datasets(team: Team) -> QuerySet[Dataset]:
     return Dataset.objects.filter(team=team).order_by("-created_at")
+
+
+def team_datasets_overview(team: Team) -> QuerySet[Dataset]:
+    """The team's datasets with their number of versions (``version_count``) and the number of
+    the latest (``latest_version_number``), in one query."""
+    return (
+        team_datasets(team)
+        .select_related("created_by")
+        .annotate(version_count=Count("versions"), latest_version_number=Max("versions__number"))
+    )
 
 
 def dataset_get(team: Team, dataset_id: int) -> Dataset:
@@ -33,9 +43,15 @@ def version_get(dataset: Dataset, number: int) -> DatasetVersion:
     return version
 
 
+MAX_VERSION_NUMBER = 2**31 - 1  # a PositiveIntegerField's range on every database
+
+
 def versions_get(dataset: Dataset, numbers: list[int]) -> list[DatasetVersion]:
     """The versions of these numbers; 404 naming the first that does not exist."""
-    versions = {v.number: v for v in dataset.versions.filter(number__in=numbers)}
+    # Numbers beyond any version's (hostile input) are missing, not sent to the database,
+    # which cannot hold them (an overflow error on SQLite, out of range on PostgreSQL).
+    possible = [n for n in numbers if 0 < n <= MAX_VERSION_NUMBER]
+    versions = {v.number: v for v in dataset.versions.filter(number__in=possible)}
     missing = [n for n in numbers if n not in versions]
     if missing:
         raise Http404(f"No version v{missing[0]} in this dataset.")

@@ -6,7 +6,9 @@ from labeling.task_kinds import TaskKind
 
 
 class DatasetSerializer(serializers.ModelSerializer):
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, default=None, allow_null=True
+    )
     latest_version = serializers.SerializerMethodField()
 
     class Meta:
@@ -24,8 +26,9 @@ class DatasetSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_by", "created_at", "latest_version"]
 
     def get_latest_version(self, dataset: Dataset) -> int | None:
-        latest = max((v.number for v in dataset.versions.all()), default=None)
-        return latest
+        if hasattr(dataset, "latest_version_number"):  # selectors.team_datasets_overview
+            return dataset.latest_version_number
+        return max((v.number for v in dataset.versions.all()), default=None)
 
 
 class DatasetCreateSerializer(serializers.Serializer):
@@ -36,8 +39,12 @@ class DatasetCreateSerializer(serializers.Serializer):
 
 
 class VersionSerializer(serializers.ModelSerializer):
-    parent = serializers.IntegerField(source="parent.number", read_only=True, default=None)
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    parent = serializers.IntegerField(
+        source="parent.number", read_only=True, default=None, allow_null=True
+    )
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, default=None, allow_null=True
+    )
 
     class Meta:
         model = DatasetVersion
@@ -87,7 +94,11 @@ class ImportRequestSerializer(serializers.Serializer):
 
 
 class MergeRequestSerializer(serializers.Serializer):
-    versions = serializers.ListField(child=serializers.IntegerField(), min_length=2)
+    versions = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**31 - 1),
+        min_length=2,
+        max_length=100,
+    )
     ratios = serializers.ListField(
         child=serializers.FloatField(min_value=0),
         min_length=3,
@@ -100,9 +111,11 @@ class MergeRequestSerializer(serializers.Serializer):
 
 class ImportJobSerializer(serializers.ModelSerializer):
     dataset = serializers.IntegerField(source="dataset_id", read_only=True)
-    version = serializers.IntegerField(source="version.number", read_only=True, default=None)
+    version = serializers.IntegerField(
+        source="version.number", read_only=True, default=None, allow_null=True
+    )
     identical_to = serializers.IntegerField(
-        source="identical_to.number", read_only=True, default=None
+        source="identical_to.number", read_only=True, default=None, allow_null=True
     )
     progress = serializers.IntegerField(source="progress_percent", read_only=True)
 
@@ -141,8 +154,8 @@ class LabelingProjectSerializer(serializers.Serializer):
     error = serializers.CharField(read_only=True)
     tasks_total = serializers.IntegerField(read_only=True)
     tasks_pushed = serializers.IntegerField(read_only=True)
-    ls_project_id = serializers.IntegerField(read_only=True)
-    last_synced_at = serializers.DateTimeField(read_only=True)
+    ls_project_id = serializers.IntegerField(read_only=True, allow_null=True)
+    last_synced_at = serializers.DateTimeField(read_only=True, allow_null=True)
     created_at = serializers.DateTimeField(read_only=True)
 
 

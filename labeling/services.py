@@ -1,12 +1,15 @@
 """Every write of the labeling app: datasets, chunked uploads, imports, merges."""
 
 import dataclasses
+import errno
 import hashlib
 import hmac
 import json
 import random
 import secrets
 import tempfile
+import unicodedata
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -51,9 +54,20 @@ class _LocalFile(File):
         return self.file.name
 
 
+# A full, read-only or forbidden disk: the platform's storage, not the user's file, is at fault.
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
 def _store(path: Path, name: str) -> str:
-    with open(path, "rb") as f:
-        stored = default_storage.save(name, _LocalFile(f))
+    name = default_storage.get_available_name(name)
+    try:
+        with open(path, "rb") as f:
+            stored = default_storage.save(name, _LocalFile(f))
+    except OSError:
+        # The disk filled up mid-way: no half-written file stays behind.
+        if default_storage.exists(name):
+            default_storage.delete(name)
+        raise
     path.unlink(missing_ok=True)
     return stored
 
@@ -148,10 +162,28 @@ class UploadOffsetMismatch(Exception):
         self.offset = offset
 
 
-def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: int) -> Upload:
-    filename = Path(filename.replace("\\", "/")).name.strip()[:255]
-    if not filename:
+def _clean_filename(filename: str) -> str:
+    """The name a user gave a file, as a label only (it never becomes a path): its last
+    component, without control characters, at most 255 characters with its extension kept."""
+    try:
+        filename.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(
+            _("The file name is not valid Unicode (it holds a lone surrogate).")
+        ) from None
+    filename = "".join(c for c in filename if unicodedata.category(c) != "Cc")
+    filename = Path(filename.replace("\\", "/")).name.strip()
+    if filename in ("", ".", ".."):
         raise ValidationError(_("The file needs a name."))
+    if len(filename) > 255:
+        stem, dot, ext = filename.rpartition(".")
+        keep = dot + ext if stem and len(ext) <= 16 else ""
+        filename = filename[: 255 - len(keep)] + keep
+    return filename
+
+
+def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: int) -> Upload:
+    filename = _clean_filename(filename)
     if size <= 0:
         raise ValidationError(_("The file is empty."))
     if size > settings.UPLOAD_MAX_BYTES:
@@ -386,11 +418,28 @@ def import_run(job_id: int) -> ImportJob:
                 )
         except (pipeline.ImportFailed, FileError) as exc:
             return _import_failed(job, str(exc), workdir / "report.jsonl")
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRNOS:
+                raise
+            return _import_failed(job, _storage_error(exc), Path("/dev/null"))
         except Exception as exc:
             # Not the file's fault: say so on the job, and let Celery log the traceback.
             _import_failed(job, _("Internal error: %(error)s") % {"error": exc}, Path("/dev/null"))
             raise
-        return _import_succeeded(job, result)
+        try:
+            return _import_succeeded(job, result)
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRNOS:
+                raise
+            return _import_failed(job, _storage_error(exc), Path("/dev/null"))
+
+
+def _storage_error(exc: OSError) -> str:
+    return _(
+        "The platform's storage could not be written (%(error)s: %(path)s). Nothing was "
+        "changed and the dataset's versions are intact: free space (or fix the permissions) "
+        "and import the file again."
+    ) % {"error": exc.strerror or exc, "path": exc.filename or settings.MEDIA_ROOT}
 
 
 def _save_report(job: ImportJob, report: Path) -> str:
@@ -684,6 +733,9 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
         return emails[user_id]
 
     counts = {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
+    # Who changed how many annotations, for the audit log; their names as the rows have them.
+    by_annotator: dict[int | None, Counter] = defaultdict(Counter)
+    names: dict[int | None, str] = {}
     seen = set()
     with transaction.atomic():
         for task, item in ls_items:
@@ -723,16 +775,49 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
                 project=project, ls_annotation_id=item["id"], defaults=fields
             )
             counts["updated" if existing else "created"] += 1
+            by_annotator[fields["annotator_ls_id"]]["updated" if existing else "created"] += 1
+            names[fields["annotator_ls_id"]] = fields["annotator"]
         gone = [pk for pk in known if pk not in seen]
+        for pk in gone:
+            by_annotator[known[pk].annotator_ls_id]["deleted"] += 1
+            names.setdefault(known[pk].annotator_ls_id, known[pk].annotator)
         counts["deleted"] = project.annotations.filter(ls_annotation_id__in=gone).delete()[0]
         LabelingProject.objects.filter(pk=project.pk).update(last_synced_at=timezone.now())
+        _audit_annotations(project, by_annotator, names)
     return counts
+
+
+def _audit_annotations(
+    project: LabelingProject, by_annotator: dict[int | None, Counter], names: dict[int | None, str]
+) -> None:
+    """One audit event per annotator whose work a sync took in: who labeled how many tasks of
+    which project (an annotator with a platform account is its actor)."""
+    users = {
+        a.ls_user_id: a.user
+        for a in LabelStudioAccount.objects.filter(
+            ls_user_id__in=list(by_annotator)
+        ).select_related("user")
+    }
+    for ls_user_id, changed in by_annotator.items():
+        user = users.get(ls_user_id)
+        audit_record(
+            action="labeling_project.annotations",
+            actor=user,
+            actor_username=names.get(ls_user_id, "") if user is None else "",
+            team=project.team,
+            target=project,
+            data=dict(changed),
+        )
 
 
 def _parse_time(value: str):
     from django.utils.dateparse import parse_datetime
 
     return parse_datetime(value) if isinstance(value, str) else value
+
+
+# The webhook's secret travels in a header: a URL, and a secret in it, lands in access logs.
+WEBHOOK_SECRET_HEADER = "X-Platform-Webhook-Secret"  # noqa: S105 - a header name
 
 
 def labeling_project_webhook_register(project: LabelingProject) -> None:
@@ -747,11 +832,12 @@ def labeling_project_webhook_register(project: LabelingProject) -> None:
             ls.webhooks.delete(id=hook.id)
     secret = secrets.token_urlsafe(24)
     url = settings.PLATFORM_URL + reverse(
-        "labeling:label_studio_webhook", kwargs={"project_id": project.pk, "secret": secret}
+        "labeling:label_studio_webhook", kwargs={"project_id": project.pk}
     )
     ls.webhooks.create(
         project=project.ls_project_id,
         url=url,
+        headers={WEBHOOK_SECRET_HEADER: secret},
         send_payload=False,
         send_for_all_actions=False,
         actions=["ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_DELETED"],

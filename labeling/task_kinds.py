@@ -15,6 +15,8 @@ converted to; a conversation that ends on the user's turn awaits its response) a
 
 import itertools
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape as _xml_escape
@@ -46,6 +48,76 @@ class RowError(ValueError):
         self.reason = reason
         self.column = column
         self.message = message
+
+
+# A \uD800–\uDFFF escape: JSON may name half of a surrogate pair, which is no character.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+# C0 and C1 control characters: no label holds one (and PostgreSQL's JSON refuses U+0000).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+# JSON nested deeper than this is refused: no dataset needs it, and whatever handles the value
+# later (the preview's serialisation, Label Studio) recurses once per level.
+MAX_JSON_DEPTH = 64
+
+
+def _nested_deeper_than(value, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _no_constant(name: str):
+    raise ValueError(_("%(name)s is not a JSON value") % {"name": name})
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400: JSON holds no infinity
+        raise ValueError(_("the number %(n)s is out of range") % {"n": text[:40]})
+    return number
+
+
+def parse_json(value: str):
+    """``json.loads`` whose every failure is a ValueError that says what is wrong, for the
+    user: invalid JSON, nesting too deep for the parser, an integer too long to convert, NaN
+    and Infinity (Python's extensions, which no JSON reader after us accepts), a lone
+    surrogate escape (which no UTF-8 file can hold)."""
+    try:
+        parsed = json.loads(value, parse_constant=_no_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            _("%(error)s (character %(pos)d)") % {"error": exc.msg, "pos": exc.pos + 1}
+        ) from exc
+    except RecursionError as exc:
+        raise ValueError(
+            _("nested too deeply (more than %(n)d levels)") % {"n": MAX_JSON_DEPTH}
+        ) from exc
+    except ValueError as exc:  # int() of thousands of digits, NaN, Infinity, 1e400
+        raise ValueError(str(exc)) from exc
+    # Counting brackets (strings' included) is cheap; only a line with many is walked.
+    if value.count("[") + value.count("{") > MAX_JSON_DEPTH and _nested_deeper_than(
+        parsed, MAX_JSON_DEPTH
+    ):
+        raise ValueError(_("nested too deeply (more than %(n)d levels)") % {"n": MAX_JSON_DEPTH})
+    if _SURROGATE_ESCAPE.search(value):
+        try:
+            json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                _("a \\u escape names half of a surrogate pair, which is no character")
+            ) from exc
+    return parsed
 
 
 # Separators between the labels of a multi_label cell: "财经|科技", "财经、科技"…
@@ -301,6 +373,13 @@ def _label(value, name: str, norm: Normalizer, labels: frozenset[str] | None) ->
         return None
     if labels is not None and label not in labels:
         raise RowError("unknown_label", name, _("Unknown label “%(label)s”.") % {"label": label})
+    control = _CONTROL.search(label)
+    if control:
+        raise RowError(
+            "bad_labels",
+            name,
+            _("The label holds the control character U+%(code)04X.") % {"code": ord(control[0])},
+        )
     return label
 
 
@@ -347,8 +426,8 @@ def _build_ner(record, norm, labels):
     entities = record.get("entities")
     if isinstance(entities, str):
         try:
-            entities = json.loads(entities) if entities.strip() else []
-        except json.JSONDecodeError as exc:
+            entities = parse_json(entities) if entities.strip() else []
+        except ValueError as exc:
             raise RowError(
                 "bad_json", "entities", _("The entities are not valid JSON: %(e)s") % {"e": exc}
             ) from exc
@@ -422,8 +501,8 @@ def _json_value(value, column: str):
     """A list or object that a CSV or XLSX cell carries as JSON text."""
     if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
+            return parse_json(value)
+        except ValueError as exc:
             raise RowError("bad_json", column, _("Not valid JSON: %(e)s") % {"e": exc}) from exc
     return value
 
@@ -461,7 +540,7 @@ def _build_instruction(record, norm, labels):
     if rating not in (None, ""):
         try:
             rating = int(rating)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's Infinity
             rating = None
         if rating is None or not 1 <= rating <= 5:
             raise RowError("bad_rating", "rating", _("A rating is a whole number from 1 to 5."))

@@ -28,7 +28,7 @@ urlpatterns = [
     path(T + "labeling/<int:project_id>/open/", views.project_open, name="project_open"),
     path(V + "label/", views.project_create, name="project_create"),
     path(
-        "hooks/label-studio/<int:project_id>/<str:secret>/",
+        "hooks/label-studio/<int:project_id>/",
         views.label_studio_webhook,
         name="label_studio_webhook",
     ),

@@ -7,16 +7,16 @@ import httpx
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.core.files.storage import default_storage
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, role_allows
-from labeling import label_studio, selectors, services
+from labeling import exports, label_studio, selectors, services
 from labeling.forms import (
     DatasetForm,
     ExportForm,
@@ -66,11 +66,13 @@ def datasets(request: HttpRequest) -> HttpResponse:
             form.add_error(None, _error_text(exc))
         else:
             return redirect("labeling:dataset", team=request.team.slug, dataset_id=dataset.pk)
+    page, query = paginate(request, selectors.team_datasets_overview(request.team))
     return render(
         request,
         "labeling/datasets.html",
         {
-            "datasets": selectors.team_datasets(request.team).prefetch_related("versions"),
+            "page": page,
+            "query": query,
             "form": form,
             "can_write": _can_write(request),
         },
@@ -80,12 +82,14 @@ def datasets(request: HttpRequest) -> HttpResponse:
 @team_view(write=Perm.DATASET_WRITE)
 def dataset(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = selectors.dataset_get(request.team, dataset_id)
+    page, query = paginate(request, ds.versions.select_related("created_by", "parent"))
     return render(
         request,
         "labeling/dataset.html",
         {
             "dataset": ds,
-            "versions": ds.versions.select_related("created_by", "parent"),
+            "page": page,
+            "query": query,
             "imports": ds.imports.select_related("version", "identical_to", "upload")[:10],
             "can_write": _can_write(request),
             "chunk_size": settings.UPLOAD_CHUNK_BYTES,
@@ -231,8 +235,11 @@ def version_report(request: HttpRequest, dataset_id: int, number: int) -> HttpRe
 @team_view()
 def version_download(request: HttpRequest, dataset_id: int, number: int, kind: str) -> HttpResponse:
     ds = selectors.dataset_get(request.team, dataset_id)
-    name, filename = selectors.version_file(selectors.version_get(ds, number), kind)
-    return FileResponse(default_storage.open(name, "rb"), as_attachment=True, filename=filename)
+    try:
+        return exports.download_response(selectors.version_get(ds, number), kind)
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+        return redirect("labeling:version", team=request.team.slug, dataset_id=ds.pk, number=number)
 
 
 @team_view()
@@ -279,9 +286,10 @@ def project_open(request: HttpRequest, project_id: int) -> HttpResponse:
     return response
 
 
-@csrf_exempt  # called by Label Studio, authenticated by the secret in its URL
+@csrf_exempt  # called by Label Studio, authenticated by the secret in a header
 @require_POST
-def label_studio_webhook(request: HttpRequest, project_id: int, secret: str) -> HttpResponse:
+def label_studio_webhook(request: HttpRequest, project_id: int) -> HttpResponse:
+    secret = request.headers.get(services.WEBHOOK_SECRET_HEADER, "")
     project = services.webhook_project(project_id, secret)
     if project is None:
         raise Http404
@@ -291,11 +299,8 @@ def label_studio_webhook(request: HttpRequest, project_id: int, secret: str) -> 
 
 @team_view()
 def projects(request: HttpRequest) -> HttpResponse:
-    return render(
-        request,
-        "labeling/projects.html",
-        {"projects": selectors.team_labeling_projects(request.team)},
-    )
+    page, query = paginate(request, selectors.team_labeling_projects(request.team))
+    return render(request, "labeling/projects.html", {"page": page, "query": query})
 
 
 @team_view(write=Perm.LABELING_MANAGE)

@@ -1,3 +1,4 @@
+import errno
 import io
 import os
 import subprocess
@@ -123,7 +124,7 @@ def start_worker(queues: str, name: str, pool: str = "solo", env: dict | None = 
     return _start([*command, "--loglevel", "WARNING"], name, env)
 
 
-def start_train_worker(node: str, devices: str, env: dict | None = None):
+def start_train_worker(node: str, devices: str, env: dict | None = None, wait: bool = True):
     """A real train worker as `make run` starts it (``manage.py train_worker``): a node of its
     own, with declared devices (PLATFORM_DEVICES: ``npu:2`` runs on the CPU underneath)."""
     # Beating every second: a transactional test's flush deletes the node's row, and the next
@@ -134,10 +135,13 @@ def start_train_worker(node: str, devices: str, env: dict | None = None):
         "PLATFORM_NODE_HEARTBEAT_S": "1",
         **(env or {}),
     }
-    return _start(["manage.py", "train_worker", "--loglevel", "WARNING"], f"train@{node}", env)
+    command = ["manage.py", "train_worker", "--loglevel", "WARNING"]
+    return _start(command, f"train@{node}", env, wait)
 
 
-def _start(command: list[str], name: str, env: dict | None):
+def _start(command: list[str], name: str, env: dict | None, wait: bool = True):
+    """Start a worker; unless `wait` is False (a worker on another Redis than the suite's),
+    return once it answers on the suite's Redis."""
     from console.health import check_workers
 
     env = {
@@ -147,6 +151,8 @@ def _start(command: list[str], name: str, env: dict | None):
         **(env or {}),
     }
     proc = subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env)
+    if not wait:
+        return proc
     deadline = time.monotonic() + 60
     while name not in check_workers(timeout=1).detail:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -181,6 +187,50 @@ def train_worker(django_db_setup, celery_worker_process):
     proc = start_train_worker(f"suite-{os.getpid()}", "cpu:2")
     yield proc
     stop_worker(proc)
+
+
+class SmallDisk:
+    """A tmpfs of a few megabytes mounted for one test: a disk that can be filled up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ballast = path / "ballast"
+
+    def fill(self) -> None:
+        """Write until the disk is full (ENOSPC), leaving no free block."""
+        with open(self.ballast, "ab") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        # Smaller writes may still fit in the last partial block: fill it byte by byte.
+        with open(self.ballast, "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 512)
+            except OSError:
+                pass
+
+    def free(self) -> None:
+        self.ballast.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[SmallDisk]:
+    """Needs root (mount), as CI has; elsewhere the test is skipped and says why."""
+    path = tmp_path / "small-disk"
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI=true and a tmpfs cannot be mounted: {mounted.stderr!r}")
+        pytest.skip(f"a full disk is simulated with a tmpfs, which needs root: {mounted.stderr!r}")
+    yield SmallDisk(path)
+    subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def pytest_report_header(config) -> list[str]:

@@ -40,7 +40,7 @@ def test_team_and_members_through_the_api(owner, make_user):
         f"/api/v1/teams/nlp/members/{member_id}/", {"role": "maintainer"}, format="json"
     )
     assert changed.json()["role"] == "maintainer"
-    members = api.get("/api/v1/teams/nlp/members/").json()
+    members = api.get("/api/v1/teams/nlp/members/").json()["results"]
     assert {(m["username"], m["role"]) for m in members} == {
         ("olivia", "owner"),
         ("sun", "maintainer"),
@@ -78,3 +78,21 @@ def test_members_can_read_but_only_owners_manage(owner, team, make_user):
         ).status_code
         == 403
     )
+
+
+def test_a_uniqueness_broken_by_a_concurrent_request_is_a_409():
+    """Between a service's check and its write another request took the name: the database
+    refuses the write, and the client gets a 409 that says to try again, not a 500."""
+    import pytest
+    from django.db import IntegrityError
+    from rest_framework.exceptions import APIException
+
+    from console.api import service_call
+
+    def create(**kwargs):
+        raise IntegrityError('duplicate key value violates unique constraint "x"')
+
+    with pytest.raises(APIException) as caught:
+        service_call(create, name="ds")
+    assert caught.value.status_code == 409
+    assert "try again" in str(caught.value.detail)

@@ -47,7 +47,7 @@ def test_another_team_sees_a_device_taken_but_not_by_what(client, make_user, nod
     assert "客服意图" not in page and "a job of another team" in page
     held = [
         d["held_by"]
-        for n in client.get("/api/v1/nodes/").json()
+        for n in client.get("/api/v1/nodes/").json()["results"]
         for d in n["devices"]
         if d["held_by"]
     ]
@@ -56,7 +56,7 @@ def test_another_team_sees_a_device_taken_but_not_by_what(client, make_user, nod
 
 def test_the_api_names_the_holder_to_its_team_and_says_which_nodes_are_alive(client, owner, nodes):
     client.force_login(owner)
-    listed = {n["name"]: n for n in client.get("/api/v1/nodes/").json()}
+    listed = {n["name"]: n for n in client.get("/api/v1/nodes/").json()["results"]}
     assert listed["old"]["alive"] is False and listed["gpu-01"]["alive"] is True
     assert listed["ascend-01"]["simulated"] is True
     assert [

@@ -219,3 +219,119 @@ def test_console_writes_need_the_csrf_token(world, route):
     for method in WRITE_METHODS:
         response = getattr(client, method)(url)
         assert response.status_code in (403, 405), (method, url, response.status_code)
+
+
+# Routes where an annotator may write. Annotators label in Label Studio, so none on the
+# platform; a route that lets them must be named here, on purpose.
+ANNOTATOR_WRITES: set[str] = set()
+# What only the other team's objects show: its owner's name and its endpoint's.
+OTHER_TEAM_MARKERS = ("boss-b", "ep-other")
+
+
+def _as(user, route: Route, key: str):
+    """A client acting as ``user``: a Bearer API token for the API, a session for pages."""
+    from django.test import Client
+
+    if route.is_api:
+        return Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_ACCEPT_LANGUAGE="en")
+    client = Client(HTTP_ACCEPT_LANGUAGE="en")
+    client.force_login(user)
+    return client
+
+
+def test_annotators_write_nothing_and_see_no_other_team(make_user, world):
+    """Every team route, tried by an annotator of `mine`: writes refused (403, or 405 where the
+    route takes none), reads never a server error nor another team's data, and every route of
+    the other team 404. One world for all routes: a loop, and the failures listed together."""
+    from console.models import AuditEvent
+
+    annotator = make_user("annie")
+    Membership.objects.create(team=world.mine, user=annotator, role=Role.ANNOTATOR)
+    _token, key = services.api_token_create(actor=annotator, name="annie")
+    clients = {api: _as(annotator, Route("x", (), "api/" if api else ""), key) for api in (1, 0)}
+    before = (
+        AuditEvent.objects.count(),
+        list(Membership.objects.order_by("pk").values_list("pk", "role")),
+    )
+    failures = []
+    body = {"role": "owner", "username": "annie", "name": "x"}
+    for route in TEAM_ROUTES:
+        client = clients[route.is_api]
+        url = url_for(route, world, world.mine)
+        if route.name not in ANNOTATOR_WRITES:
+            for method in WRITE_METHODS:
+                code = getattr(client, method)(url, body, content_type="application/json")
+                if code.status_code not in (403, 405):
+                    failures.append((route.name, method, code.status_code))
+        read = client.get(url)
+        content = b"".join(read.streaming_content) if read.streaming else read.content
+        if read.status_code >= 500 or any(m.encode() in content for m in OTHER_TEAM_MARKERS):
+            failures.append((route.name, "get", read.status_code))
+        theirs = url_for(route, world, world.other)
+        for method in ("get", *WRITE_METHODS):
+            if (code := getattr(client, method)(theirs).status_code) != 404:
+                failures.append((route.name, f"{method} (other team)", code))
+    assert failures == []
+    # Nothing was written: every write of a service records an audit event.
+    assert before == (
+        AuditEvent.objects.count(),
+        list(Membership.objects.order_by("pk").values_list("pk", "role")),
+    )
+
+
+def test_annotators_get_no_other_users_objects(make_user, world):
+    """Routes outside teams that name another user's object (a token, an account): 403/404."""
+    annotator = make_user("annie")
+    Membership.objects.create(team=world.mine, user=annotator, role=Role.ANNOTATOR)
+    _token, key = services.api_token_create(actor=annotator, name="annie")
+    failures = []
+    for route in ROUTES:
+        if route.team_scoped or not route.kwargs or route.name in PUBLIC:
+            continue
+        client = _as(annotator, route, key)
+        url = url_for(route, world, world.mine)
+        for method in ("get", *WRITE_METHODS):
+            if (code := getattr(client, method)(url).status_code) not in (403, 404, 405):
+                failures.append((route.name, method, code))
+    assert failures == []
+
+
+def test_expired_and_revoked_tokens_get_nothing(world):
+    """Every route, with the team owner's token once it expired and once it was revoked: the
+    API answers 401 with a reason and no data; pages ignore tokens and ask for a login."""
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from console.models import ApiToken, AuditEvent
+
+    boss = Membership.objects.get(team=world.mine, role=Role.OWNER).user
+    expired, expired_key = services.api_token_create(actor=boss, name="expired")
+    ApiToken.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(days=1))
+    revoked, revoked_key = services.api_token_create(actor=boss, name="revoked")
+    services.api_token_revoke(actor=boss, token=revoked)
+    events = AuditEvent.objects.count()
+    failures = []
+    for key, reason in ((expired_key, "expired on"), (revoked_key, "revoked")):
+        client = Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_ACCEPT_LANGUAGE="en")
+        for route in ROUTES:
+            if route.name in PUBLIC:
+                continue
+            url = url_for(route, world, world.mine)
+            for method in ("get", "post", "delete") if route.is_api else ("get",):
+                response = getattr(client, method)(url)
+                if route.is_api:
+                    ok = response.status_code == 401
+                    # JSON (but for the Swagger page's HTML): the reason, and nothing else.
+                    if response["Content-Type"].startswith("application/json"):
+                        detail = response.json()
+                        ok = ok and set(detail) == {"detail"} and reason in detail["detail"]
+                else:
+                    ok = response.status_code == 302 and response["Location"].startswith(
+                        reverse("console:login")
+                    )
+                if not ok:
+                    failures.append((reason, route.name, method, response.status_code))
+    assert failures == []
+    assert AuditEvent.objects.count() == events

@@ -75,3 +75,56 @@ def test_ci_runs_on_postgresql_and_an_external_redis(db):
         pytest.skip("not CI: any database and Redis will do")
     assert connection.vendor == "postgresql"
     assert settings.REDIS_URL == os.environ["REDIS_URL"]
+
+
+PRINT_SECURITY = (
+    "import django; django.setup(); from django.conf import settings as s;"
+    "print(s.DEBUG, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE,"
+    " getattr(s, 'SECURE_PROXY_SSL_HEADER', None))"
+)
+
+
+@pytest.mark.parametrize(
+    ("tls", "expected"),
+    [("1", "False True True ('HTTP_X_FORWARDED_PROTO', 'https')"), ("", "False False False None")],
+    ids=["behind-tls-proxy", "plain-http"],
+)
+def test_cookies_are_secure_when_served_over_https(tls, expected):
+    env = {"DEBUG": "0", "SECRET_KEY": "a-real-secret-" * 4, "BEHIND_TLS_PROXY": tls}
+    base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "console.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", PRINT_SECURITY],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.strip() == expected, result.stderr
+
+
+@pytest.mark.django_db
+def test_pages_carry_the_security_headers_and_cookie_flags(client, owner, settings):
+    """DEBUG off, served over HTTPS (as behind the operator's nginx): the headers that keep the
+    console out of frames and sniffing, and session and CSRF cookies that scripts and plain
+    HTTP never see."""
+    settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = True
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    assert settings.DEBUG is False
+    https = {"HTTP_X_FORWARDED_PROTO": "https"}
+    page = client.get("/login/", **https)
+    assert page["X-Frame-Options"] == "DENY"
+    assert page["X-Content-Type-Options"] == "nosniff"
+    assert page["Referrer-Policy"] == "same-origin"
+    assert page["Cross-Origin-Opener-Policy"] == "same-origin"
+    csrf = page.cookies[settings.CSRF_COOKIE_NAME]
+    assert csrf["secure"] and csrf["samesite"] == "Lax"
+    logged_in = client.post(
+        "/login/", {"username": owner.username, "password": "pw-Secret-123"}, **https
+    )
+    assert logged_in.status_code == 302
+    session = logged_in.cookies[settings.SESSION_COOKIE_NAME]
+    assert session["secure"] and session["httponly"] and session["samesite"] == "Lax"
+    # An error page shows no traceback or settings.
+    missing = client.get("/t/nope/datasets/", **https)
+    assert missing.status_code == 404 and b"Traceback" not in missing.content

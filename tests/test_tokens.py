@@ -1,4 +1,9 @@
+from datetime import datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from console import services
@@ -78,3 +83,97 @@ def test_another_users_token_cannot_be_revoked(client, owner, make_user):
     assert client.post(reverse("console:token_revoke", args=[token.pk])).status_code == 404
     token.refresh_from_db()
     assert token.is_active
+
+
+def expire(token: ApiToken) -> None:
+    """Move the token's expiry into the past, as time passing would."""
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+    token.refresh_from_db()
+
+
+def test_tokens_expire_after_the_default_or_chosen_days_or_never(owner, settings):
+    before = timezone.now()
+    default, _ = services.api_token_create(actor=owner, name="default")
+    assert default.expires_at - before == pytest.approx(
+        timedelta(days=90), abs=timedelta(minutes=1)
+    )
+    week, _ = services.api_token_create(actor=owner, name="week", expires_in_days=7)
+    assert week.expires_at - before == pytest.approx(timedelta(days=7), abs=timedelta(minutes=1))
+    never, _ = services.api_token_create(actor=owner, name="never", expires_in_days=None)
+    assert never.expires_at is None and never.is_active and never.status == "active"
+
+    settings.API_TOKEN_DEFAULT_DAYS = 0  # "never" as the site's default
+    assert services.api_token_create(actor=owner, name="site")[0].expires_at is None
+    for bad in (0, -3, 3651, True, "7"):
+        with pytest.raises(ValidationError, match="1 to 3650 days"):
+            services.api_token_create(actor=owner, name="bad", expires_in_days=bad)
+    data = AuditEvent.objects.filter(action="token.create").order_by("id").first().data
+    assert data["expires_at"] == default.expires_at.isoformat()
+
+
+def test_an_expired_token_is_refused_saying_when_it_expired(owner):
+    token, key = services.api_token_create(actor=owner, name="old", expires_in_days=30)
+    assert bearer(key).get("/api/v1/me/").status_code == 200
+    expire(token)
+    assert not token.is_active and token.status == "expired"
+    used = token.last_used_at
+    denied = bearer(key).get("/api/v1/me/")
+    assert denied.status_code == 401
+    when = timezone.localtime(token.expires_at).isoformat(timespec="minutes")
+    assert denied.json() == {
+        "detail": f"This token expired on {when}: create a new one on the Tokens page."
+    }
+    assert denied["WWW-Authenticate"] == "Bearer"
+    token.refresh_from_db()
+    assert token.last_used_at == used  # a refused token is not "used"
+    # Revoked wins over expired: the message says what the user did.
+    services.api_token_revoke(actor=owner, token=token)
+    assert "revoked" in bearer(key).get("/api/v1/me/").json()["detail"]
+
+
+def test_the_tokens_page_offers_an_expiry_and_shows_it(client, owner):
+    client.force_login(owner)
+    page = client.get(reverse("console:tokens"), HTTP_ACCEPT_LANGUAGE="en")
+    form = page.context["form"]
+    choices = dict(form.fields["expires_in_days"].choices)
+    assert set(choices) == {"7", "30", "90", "365", "never"}
+    assert form.fields["expires_in_days"].initial == "90"
+
+    client.post(reverse("console:tokens"), {"name": "weekly", "expires_in_days": "7"})
+    client.post(reverse("console:tokens"), {"name": "forever", "expires_in_days": "never"})
+    client.post(reverse("console:tokens"), {"name": "plain"})  # left out: the default
+    tokens = {t.name: t for t in ApiToken.objects.filter(user=owner)}
+    assert tokens["forever"].expires_at is None
+    assert tokens["weekly"].expires_at - timezone.now() > timedelta(days=6, hours=23)
+    assert tokens["plain"].expires_at - timezone.now() > timedelta(days=89, hours=23)
+    refused = client.post(reverse("console:tokens"), {"name": "odd", "expires_in_days": "5"})
+    assert refused.status_code == 200 and "expires_in_days" in refused.context["form"].errors
+    assert not ApiToken.objects.filter(name="odd").exists()
+
+    expire(tokens["weekly"])
+    html = client.get(reverse("console:tokens"), HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    rows = {
+        name: html.split(f'data-token="{name}"')[1].split("</tr>")[0]
+        for name in ("weekly", "forever", "plain")
+    }
+    assert "expired" in rows["weekly"] and "Revoke" not in rows["weekly"]
+    assert "never" in rows["forever"] and "active" in rows["forever"]
+    expiry = timezone.localtime(tokens["plain"].expires_at).strftime("%Y-%m-%d %H:%M")
+    assert expiry in rows["plain"]
+
+
+def test_the_api_creates_tokens_with_an_expiry(owner):
+    _, key = services.api_token_create(actor=owner, name="bootstrap")
+    api = bearer(key)
+    week = api.post("/api/v1/tokens/", {"name": "w", "expires_in_days": 7}, format="json")
+    assert week.status_code == 201 and week.json()["expires_at"]
+    assert "expires_in_days" not in week.json()
+    never = api.post("/api/v1/tokens/", {"name": "n", "expires_in_days": None}, format="json")
+    assert never.status_code == 201 and never.json()["expires_at"] is None
+    default = api.post("/api/v1/tokens/", {"name": "d"}, format="json").json()
+    expires = datetime.fromisoformat(default["expires_at"])
+    assert expires - timezone.now() > timedelta(days=89, hours=23)
+    bad = api.post("/api/v1/tokens/", {"name": "b", "expires_in_days": 0}, format="json")
+    assert bad.status_code == 400 and "expires_in_days" in bad.json()
+    listed = {t["name"]: t for t in api.get("/api/v1/tokens/").json()["results"]}
+    assert listed["n"]["expires_at"] is None and listed["w"]["expires_at"]

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api import service_call
+from console.pagination import PaginatedList
 from console.permissions import TeamPermission
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
@@ -48,14 +49,14 @@ class PresetList(TrainingAPIView):
         )
 
 
-class BaseModelListCreate(TrainingAPIView):
+class BaseModelListCreate(PaginatedList, TrainingAPIView):
     write_permission = Perm.MODEL_IMPORT
     parser_classes = [JSONParser, MultiPartParser, FormParser]
 
     @extend_schema(responses=BaseModelSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
         models = selectors.team_base_models(request.team)
-        return Response(BaseModelSerializer(models, many=True).data)
+        return self.paginated(request, models, BaseModelSerializer)
 
     @extend_schema(request=BaseModelImportSerializer, responses={201: BaseModelSerializer})
     def post(self, request: Request, team: str) -> Response:
@@ -79,11 +80,10 @@ class BaseModelDetail(TrainingAPIView):
         return Response(BaseModelSerializer(model).data)
 
 
-class JobListCreate(TrainingAPIView):
+class JobListCreate(PaginatedList, TrainingAPIView):
     @extend_schema(responses=JobSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
-        jobs = selectors.team_jobs(request.team)[:200]
-        return Response(JobSerializer(jobs, many=True).data)
+        return self.paginated(request, selectors.team_jobs(request.team), JobSerializer)
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def post(self, request: Request, team: str) -> Response:
@@ -151,13 +151,13 @@ class JobClone(TrainingAPIView):
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
-class ModelVersionList(TrainingAPIView):
+class ModelVersionList(PaginatedList, TrainingAPIView):
     parser_classes = [MultiPartParser, FormParser]
 
     @extend_schema(responses=ModelVersionSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
         versions = selectors.team_model_versions(request.team)
-        return Response(ModelVersionSerializer(versions, many=True).data)
+        return self.paginated(request, versions, ModelVersionSerializer)
 
     @extend_schema(request=ModelImportSerializer, responses={201: ModelVersionSerializer})
     def post(self, request: Request, team: str) -> Response:

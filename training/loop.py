@@ -73,8 +73,18 @@ def _write_dir(target: Path, write) -> None:
     """Replace ``target`` by what ``write(tmp)`` writes: a kill never leaves half a directory."""
     tmp = target.with_name(target.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        write(tmp)
+    except OSError as exc:
+        # A full or read-only disk: the earlier copy stays whole, and the half-written one
+        # gives its space back.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(
+            exc.errno,
+            f"could not write the {target.name} in {target.parent} ({exc.strerror}); "
+            f"the previous {target.name} is intact",
+        ) from exc
     old = target.with_name(target.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():

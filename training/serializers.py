@@ -41,7 +41,9 @@ class JobSerializer(serializers.ModelSerializer):
     dataset = serializers.CharField(source="dataset_version.dataset.name", read_only=True)
     dataset_id = serializers.IntegerField(source="dataset_version.dataset_id", read_only=True)
     dataset_version = serializers.IntegerField(source="dataset_version.number", read_only=True)
-    base_model = serializers.CharField(source="base_model.name", read_only=True, default=None)
+    base_model = serializers.CharField(
+        source="base_model.name", read_only=True, default=None, allow_null=True
+    )
     model_version = serializers.SerializerMethodField()
     progress_percent = serializers.IntegerField(read_only=True)
 
@@ -124,8 +126,12 @@ class JobEventsSerializer(serializers.Serializer):
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
-    dataset = serializers.CharField(source="dataset_version.dataset.name", default=None)
-    dataset_version = serializers.IntegerField(source="dataset_version.number", default=None)
+    dataset = serializers.CharField(
+        source="dataset_version.dataset.name", default=None, allow_null=True
+    )
+    dataset_version = serializers.IntegerField(
+        source="dataset_version.number", default=None, allow_null=True
+    )
 
     class Meta:
         model = ModelVersion

@@ -12,6 +12,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from console.hardware import profiles
+from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from training import api, selectors, services
@@ -35,13 +36,11 @@ def jobs(request: HttpRequest) -> HttpResponse:
     jobs = selectors.team_jobs(request.team)
     if request.GET.get("version", "").isdigit():  # the jobs that trained on a dataset version
         jobs = jobs.filter(dataset_version_id=int(request.GET["version"]))
+    page, query = paginate(request, jobs)
     return render(
         request,
         "training/jobs.html",
-        {
-            "jobs": jobs[:200],
-            "can_write": _can(request, Perm.TRAINING_WRITE),
-        },
+        {"page": page, "query": query, "can_write": _can(request, Perm.TRAINING_WRITE)},
     )
 
 
@@ -161,11 +160,13 @@ def models(request: HttpRequest) -> HttpResponse:
             form.add_error(None, _error_text(exc))
         else:
             return redirect("training:model", team=request.team.slug, model_version_id=version.pk)
+    page, query = paginate(request, versions)
     return render(
         request,
         "training/models.html",
         {
-            "versions": versions,
+            "page": page,
+            "query": query,
             "form": form,
             "can_write": _can(request, Perm.TRAINING_WRITE),
         },
@@ -306,8 +307,8 @@ def base_models(request: HttpRequest) -> HttpResponse:
     # The memory estimate of fine-tuning each causal LM, at the batch size and length asked.
     batch_size = _int_param(request, "batch_size", 4, 1, 1024)
     seq_length = _int_param(request, "seq_length", 1024, 8, 131072)
-    models = list(selectors.team_base_models(request.team))
-    for m in models:
+    page, query = paginate(request, selectors.team_base_models(request.team))
+    for m in page:
         if m.summary.get("causal_lm"):
             m.estimates = estimates(
                 m.summary, profiles().values(), batch_size=batch_size, seq_length=seq_length
@@ -316,7 +317,8 @@ def base_models(request: HttpRequest) -> HttpResponse:
         request,
         "training/base_models.html",
         {
-            "models": models,
+            "page": page,
+            "query": query,
             "batch_size": batch_size,
             "seq_length": seq_length,
             "form": form,

@@ -14,6 +14,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -63,7 +64,8 @@ class Route_:
     """How an endpoint routes: revision keys with weights, the accepted key hashes."""
 
     revisions: dict[str, int] = field(default_factory=dict)
-    keys: dict[str, dict] = field(default_factory=dict)  # sha256 → {"id", "rate_per_s"}
+    # sha256 → {"id", "rate_per_s", "expires_at" (epoch seconds or None)}
+    keys: dict[str, dict] = field(default_factory=dict)
     max_inputs: int = MAX_INPUTS
 
 
@@ -225,6 +227,12 @@ async def admit(request: Request, host: "Host", name: str) -> Revision | Respons
             else "this API key is not valid for this endpoint",
         )
     key = route.keys.get(key_hash)
+    expires_at = key.get("expires_at") if key else None
+    if expires_at is not None and float(expires_at) <= time.time():
+        host.metrics.count(name, "", "requests")
+        host.metrics.count(name, "", "unauthorized")
+        when = datetime.fromtimestamp(float(expires_at), UTC).isoformat(timespec="minutes")
+        return _error(401, "unauthorized", f"this API key expired on {when}")
     if key and key.get("rate_per_s"):
         bucket = host.buckets.get(key_hash)
         rate = float(key["rate_per_s"])
@@ -377,7 +385,13 @@ async def state(request: Request, host: Host) -> Response:
             "engines": engines.installed(),
             "revisions": {k: r.describe() for k, r in host.revisions.items()},
             "endpoints": {
-                name: {"revisions": r.revisions, "keys": len(r.keys), "max_inputs": r.max_inputs}
+                name: {
+                    "revisions": r.revisions,
+                    "keys": len(r.keys),
+                    # Key id → its expiry (epoch seconds, None: never); never the hashes.
+                    "key_expiry": {str(k.get("id")): k.get("expires_at") for k in r.keys.values()},
+                    "max_inputs": r.max_inputs,
+                }
                 for name, r in host.endpoints.items()
             },
         }

@@ -39,7 +39,7 @@ def test_deploy_and_roll_out_through_the_api(db, api, fresh_host, team, model_ve
     assert r.status_code == 201
     key = r.json()["key"]
     assert key.startswith("mpe_") and r.json()["prefix"] == key[:10]
-    assert "key" not in api.get(base + f"{endpoint.pk}/keys/").json()[0]
+    assert "key" not in api.get(base + f"{endpoint.pk}/keys/").json()["results"][0]
 
     converge(fresh_host, endpoint)
     assert api.get(base + f"{endpoint.pk}/").json()["state"] == "ready"
@@ -110,3 +110,50 @@ def test_console_pages(db, client, owner, team, model_version, fresh_host):
         reverse("deployment:endpoint_rollback", args=[team.slug, endpoint.pk]), follow=True
     )
     assert "nothing to roll back" in r.content.decode()
+
+
+def test_endpoint_keys_expire_through_the_api_the_page_and_the_host(
+    db, api, client, owner, fresh_host, team, model_version
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployment import services
+    from deployment.models import EndpointKey
+
+    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    keys = f"/api/v1/teams/{team.slug}/endpoints/{endpoint.pk}/keys/"
+    made = api.post(keys, {"name": "month", "expires_in_days": 30}, "application/json")
+    assert made.status_code == 201, made.content
+    month = EndpointKey.objects.get(pk=made.json()["id"])
+    assert made.json()["expires_at"] and month.expires_at > timezone.now() + timedelta(days=29)
+    forever = api.post(keys, {"name": "forever"}, "application/json").json()
+    assert forever["expires_at"] is None  # endpoint keys never expire unless asked to
+    bad = api.post(keys, {"name": "x", "expires_in_days": 99999}, "application/json")
+    assert bad.status_code == 400 and "expires_in_days" in bad.json()
+
+    # The reconciler hands the host each key's expiry, for the host to check on its own.
+    converge(fresh_host, endpoint)
+    routed = fresh_host.state()["endpoints"][endpoint.name]["key_expiry"]
+    assert routed == {str(month.pk): month.expires_at.timestamp(), str(forever["id"]): None}
+    for plain in (made.json()["key"], forever["key"]):
+        assert fresh_host.predict(endpoint.name, {"inputs": ["好"]}, plain).status_code == 200
+
+    # Expired (as time passing would): the page says so and the host refuses it.
+    EndpointKey.objects.filter(pk=month.pk).update(expires_at=timezone.now() - timedelta(hours=1))
+    converge(fresh_host, endpoint)
+    assert (
+        fresh_host.predict(endpoint.name, {"inputs": ["好"]}, made.json()["key"]).status_code == 401
+    )
+    assert fresh_host.predict(endpoint.name, {"inputs": ["好"]}, forever["key"]).status_code == 200
+    client.defaults.pop("HTTP_AUTHORIZATION")
+    client.force_login(owner)
+    page = client.get(reverse("deployment:endpoint", args=[team.slug, endpoint.pk])).content
+    row = page.decode().split("<td>month</td>")[1].split("</tr>")[0]
+    assert "expired" in row and "Revoke" not in row
+    # The console's key form takes an expiry too.
+    create = reverse("deployment:key_create", args=[team.slug, endpoint.pk])
+    client.post(create, {"name": "week", "expires_in_days": "7"})
+    week = EndpointKey.objects.get(endpoint=endpoint, name="week")
+    assert timedelta(days=6) < week.expires_at - timezone.now() <= timedelta(days=7)

@@ -223,3 +223,125 @@ def test_a_model_that_fails_to_load_says_why(fresh_host, exports, tmp_path):
     route(fresh_host, "broken", {"rev-x": 100})
     r = fresh_host.predict("broken", {"inputs": ["好"]}, KEY)
     assert r.status_code == 503 and "no revision" in r.json()["error"]["message"]
+
+
+def test_a_predictor_killed_under_load_fails_only_the_requests_in_flight(fresh_host, exports):
+    """Eight clients call without pause while one of two predictor processes is killed: the
+    only failures are the requests that process held (503, "died"); the other process goes
+    on answering, and the dead one is replaced."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    load(fresh_host, "rev-a", exports("text_classification"), replicas=2, max_batch_size=4)
+    route(fresh_host, "busy", {"rev-a": 100})
+    clients, stop, codes = 8, threading.Event(), []
+
+    def call() -> None:
+        while not stop.is_set():
+            r = fresh_host.predict("busy", {"inputs": ["很好"]}, KEY)
+            codes.append((time.monotonic(), r.status_code, r.text))
+
+    threads = [threading.Thread(target=call) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    predictors = [
+        p
+        for p in psutil.Process(fresh_host.proc.pid).children()
+        if "spawn_main" in " ".join(p.cmdline())
+    ]
+    assert len(predictors) == 2
+    killed_at = time.monotonic()
+    os.kill(predictors[0].pid, signal.SIGKILL)
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+
+    failed = [(at, code, text) for at, code, text in codes if code != 200]
+    assert all(code == 503 and "died" in text for _, code, text in failed), failed[:3]
+    # At most the batches in flight on the killed process: one request per client.
+    assert len(failed) <= clients, len(failed)
+    assert sum(1 for at, code, _ in codes if at > killed_at and code == 200) > clients
+    deadline = time.monotonic() + 90  # the replacement loads its model
+    while fresh_host.state()["revisions"]["rev-a"]["replicas_ready"] < 2:
+        assert time.monotonic() < deadline, fresh_host.state()["revisions"]["rev-a"]
+        time.sleep(0.5)
+
+
+def test_a_flood_from_one_key_is_limited_and_other_keys_are_not(fresh_host, exports):
+    """Sixteen clients flood with one key limited to 5 requests a second: that key gets 429s
+    beyond its rate, each with Retry-After; another key's calls meanwhile all pass."""
+    import threading
+    import time
+
+    load(fresh_host, "rev-a", exports("text_classification"))
+    flood_key = "mpe_flood-key"
+    route(
+        fresh_host,
+        "flooded",
+        {"rev-a": 100},
+        keys={
+            KEY_HASH: {"id": 1, "rate_per_s": None},
+            hashlib.sha256(flood_key.encode()).hexdigest(): {"id": 2, "rate_per_s": 5},
+        },
+    )
+    stop, flood, calm = threading.Event(), [], []
+
+    def flooder() -> None:
+        while not stop.is_set():
+            r = fresh_host.predict("flooded", {"inputs": ["好"]}, flood_key)
+            flood.append((r.status_code, r.headers.get("Retry-After")))
+
+    threads = [threading.Thread(target=flooder) for _ in range(16)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    while time.monotonic() - started < 3:
+        calm.append(fresh_host.predict("flooded", {"inputs": ["很好"]}, KEY).status_code)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    elapsed = time.monotonic() - started
+
+    assert calm and set(calm) == {200}
+    assert {code for code, _ in flood} == {200, 429}
+    passed = sum(1 for code, _ in flood if code == 200)
+    assert passed <= 5 * elapsed + 5  # the rate, and a burst of its size
+    assert all(after and int(after) >= 1 for code, after in flood if code == 429)
+    assert len(flood) > 2 * passed  # it was a flood: most calls were refused
+
+
+def test_an_expired_key_is_refused_by_the_host_itself(fresh_host):
+    """A key may expire between two convergences: the host checks the expiry it was given."""
+    import time
+
+    expired, later = "mpe_expired-key", "mpe_later-key"
+    route(
+        fresh_host,
+        "expiring",
+        {"rev-not-loaded": 100},
+        keys={
+            hashlib.sha256(expired.encode()).hexdigest(): {"id": 7, "expires_at": time.time() - 60},
+            hashlib.sha256(later.encode()).hexdigest(): {"id": 8, "expires_at": time.time() + 3600},
+            KEY_HASH: {"id": 9, "expires_at": None},
+        },
+    )
+    body = {"inputs": ["很好"]}
+    refused = fresh_host.predict("expiring", body, expired)
+    assert refused.status_code == 401
+    error = refused.json()["error"]
+    assert error["code"] == "unauthorized" and error["message"].startswith(
+        "this API key expired on "
+    )
+    # The others pass the key check: no revision is loaded, so they hear "not ready".
+    for key in (later, KEY):
+        answer = fresh_host.predict("expiring", body, key)
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "not_ready"
+    assert fresh_host.state()["endpoints"]["expiring"]["key_expiry"]["9"] is None
+    counted = fresh_host.manage("GET", "/manage/metrics").json()["endpoints"]["expiring"][""]
+    assert counted["unauthorized"] == 1

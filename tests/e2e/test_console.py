@@ -84,7 +84,10 @@ def test_admin_first_session(page: Page, live_server, celery_worker_process):
     assert [t["name"] for t in teams["results"]] == ["风控模型组"]
     slug = teams["results"][0]["slug"]
     status, members = api_get(live_server.url, f"/api/v1/teams/{slug}/members/", key)
-    assert {m["username"]: m["role"] for m in members} == {"admin": "owner", "wang": "annotator"}
+    assert {m["username"]: m["role"] for m in members["results"]} == {
+        "admin": "owner",
+        "wang": "annotator",
+    }
     page.reload()
     expect(page.get_by_test_id("new-token")).to_have_count(0)
     page.locator('tr[data-token="ci-pipeline"]').get_by_role("button", name="撤销").click()

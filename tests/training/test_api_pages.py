@@ -50,7 +50,7 @@ def test_the_api_submits_lists_clones_and_cancels_a_job(api, team, make_dataset)
     job = response.json()
     assert job["status"] == "queued" and job["hyperparameters"]["epochs"] == 2
     assert job["dataset_version"] == version.number and job["preset"] == "ernie-micro-char"
-    assert [j["id"] for j in api.get(base).json()] == [job["id"]]
+    assert [j["id"] for j in api.get(base).json()["results"]] == [job["id"]]
 
     TrainingEvent.objects.create(job_id=job["id"], kind="loss", data={"step": 1, "loss": 0.7})
     events = api.get(f"{base}{job['id']}/events/?after=0").json()

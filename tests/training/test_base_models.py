@@ -219,6 +219,6 @@ def test_the_api_imports_a_base_model_by_path_and_by_upload(client, team, owner,
     )
     assert upload.status_code == 201, upload.content
     assert upload.json()["shared"] and upload.json()["source"] == "model.zip"
-    assert [m["name"] for m in client.get(url).json()] == ["ernie-mini", "shared"]
+    assert [m["name"] for m in client.get(url).json()["results"]] == ["ernie-mini", "shared"]
     missing = client.post(url, {"name": "x", "path": "nowhere"}, content_type="application/json")
     assert missing.status_code == 400 and "does not exist" in missing.json()["detail"][0]

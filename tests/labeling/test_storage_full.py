@@ -1,0 +1,69 @@
+"""The platform's storage full during an import: the import fails and says so, no half-written
+file stays behind, the dataset's earlier versions are intact, and once space is freed the same
+upload imports."""
+
+import io
+
+import pytest
+from django.core.files.storage import default_storage
+
+from labeling import services
+from labeling.models import DatasetVersion
+from tests.conftest import make_version
+
+pytestmark = pytest.mark.django_db
+
+
+def stored_files(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
+    owner, team, small_disk, settings
+):
+    settings.MEDIA_ROOT = str(small_disk.path / "media")
+    settings.UPLOAD_STAGING_DIR = small_disk.path / "uploads"
+    dataset = services.dataset_create(
+        actor=owner, team=team, name="评论", task_kind="text_classification"
+    )
+    first = make_version(dataset, owner)
+    first_data = default_storage.open(first.data_file).read()
+
+    data = "text,label\n" + "".join(f"第{i}条评论，质量很好,正面\n" for i in range(3000))
+    data = data.encode()
+    upload = services.upload_create(actor=owner, team=team, filename="more.csv", size=len(data))
+    upload = services.upload_write_chunk(
+        upload=upload, offset=0, stream=io.BytesIO(data), length=len(data)
+    )
+    files_before = stored_files(small_disk.path / "media")
+
+    small_disk.fill()
+    job = services.import_start(
+        actor=owner,
+        dataset=dataset,
+        upload=upload,
+        fmt="csv",
+        encoding="utf-8",
+        options={"mapping": {"text": "text", "label": "label"}},
+    )
+    job = services.import_run(job.pk)
+    assert job.status == "failed"
+    assert "No space left on device" in job.error and "import the file again" in job.error
+    # Nothing half-written: no version, no new file; the first version reads as before.
+    assert list(dataset.versions.values_list("number", flat=True)) == [1]
+    assert stored_files(small_disk.path / "media") == files_before
+    assert default_storage.open(first.data_file).read() == first_data
+
+    small_disk.free()
+    job = services.import_start(
+        actor=owner,
+        dataset=dataset,
+        upload=upload,
+        fmt="csv",
+        encoding="utf-8",
+        options={"mapping": {"text": "text", "label": "label"}},
+    )
+    job = services.import_run(job.pk)
+    assert job.status == "succeeded", job.error
+    second = DatasetVersion.objects.get(dataset=dataset, number=2)
+    assert second.row_count == 3000
