@@ -69,7 +69,10 @@ class PaddleOps:
             apply_decay_param_fun=lambda name: name in decay,
         )
         self.amp = spec.hp.amp and spec.device_type != "cpu"
-        self.scaler = paddle.amp.GradScaler() if self.amp else None
+        self.amp_dtype = spec.hp.amp_dtype
+        # float16's narrow range needs the loss scaled; bfloat16 has float32's range.
+        use_scaler = self.amp and spec.hp.amp_dtype == "float16"
+        self.scaler = paddle.amp.GradScaler() if use_scaler else None
         self.model.train()
         # Several processes (paddle.distributed.launch): gradients are averaged across them
         # (gloo on CPUs, the device's collective library otherwise).
@@ -103,7 +106,7 @@ class PaddleOps:
         import paddle
 
         self.optimizer.set_lr(lr)
-        with paddle.amp.auto_cast(enable=self.amp):
+        with paddle.amp.auto_cast(enable=self.amp, dtype=self.amp_dtype):
             loss = self._loss(self._forward(batch, self.trained), batch["labels"])
         if self.scaler is not None:
             self.scaler.scale(loss).backward()

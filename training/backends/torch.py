@@ -149,7 +149,10 @@ class TorchOps:
             lr=spec.hp.learning_rate,
         )
         self.amp = spec.hp.amp and self.device.type != "cpu"
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp else None
+        self.amp_dtype = torch.bfloat16 if spec.hp.amp_dtype == "bfloat16" else torch.float16
+        # float16's narrow range needs the loss scaled; bfloat16 has float32's range.
+        use_scaler = self.amp and self.amp_dtype == torch.float16
+        self.scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
         self.model.train()
         # Several processes (torchrun): gradients are averaged across them (gloo between CPU
         # processes, NCCL between cards).
@@ -171,7 +174,7 @@ class TorchOps:
             for name in INPUT_NAMES
             if name != "token_type_ids" or self.token_types
         }
-        with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = (model or self.model)(**feed).logits
         return logits.float()  # losses and outputs in float32 under AMP too
 
