@@ -42,13 +42,20 @@ class Conflict(APIException):
 def service_call(fn, **kwargs):
     """Call a service; its ValidationError becomes a 400 with the messages (apps' APIs too),
     and a uniqueness or reference that a concurrent request broke between the service's check
-    and its write (the database refused it: the transaction rolled back) a 409."""
+    and its write (the database refused it: the service's transaction rolled back) a 409."""
     try:
         return fn(**kwargs)
     except DjangoValidationError as exc:
         raise ValidationError({"detail": exc.messages}) from exc
     except IntegrityError as exc:
+        if not _is_unique_violation(exc):
+            raise  # a bug, not a race: a 500, with its traceback in the log
         raise Conflict() from exc
+
+
+def _is_unique_violation(exc: IntegrityError) -> bool:
+    # PostgreSQL's SQLSTATE 23505 (psycopg), SQLite's message.
+    return getattr(exc.__cause__, "sqlstate", None) == "23505" or "UNIQUE constraint" in str(exc)
 
 
 class MeView(APIView):

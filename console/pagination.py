@@ -11,11 +11,21 @@ from collections.abc import Sequence
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 PAGE_SIZE = 50
+
+
+class ApiPagination(LimitOffsetPagination):
+    """The REST API's envelope (``REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"]``), ``PAGE_SIZE``
+    by default and at most ``MAX_LIMIT`` whatever ``?limit=`` asks: one call cannot ask for a
+    whole table."""
+
+    default_limit = PAGE_SIZE
+    max_limit = 1000
 
 
 def paginate(

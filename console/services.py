@@ -153,7 +153,7 @@ def key_expiry(days: int | None) -> datetime | None:
         return None
     if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= KEY_MAX_DAYS:
         raise ValidationError(
-            _("A key expires in 1 to %(max)d days, or never; %(days)r is neither.")
+            _("A key expires in 1 to %(max)d days, or never; “%(days)s” is neither.")
             % {"max": KEY_MAX_DAYS, "days": days}
         )
     return timezone.now() + timedelta(days=days)

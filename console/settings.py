@@ -304,7 +304,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # At most 1000 a page, whatever ?limit= asks (console/pagination.py).
+    "DEFAULT_PAGINATION_CLASS": "console.pagination.ApiPagination",
     "PAGE_SIZE": 50,
 }
 # Personal API tokens expire after this many days unless their creator chooses otherwise

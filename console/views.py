@@ -9,7 +9,6 @@ from django.contrib.auth import get_user_model, update_session_auth_hash
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import PasswordChangeForm, SetPasswordForm
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.html import escape
@@ -152,16 +151,14 @@ def audit(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
     events = selectors.team_audit_events(request.team, **filters)
-    page = Paginator(events, 50).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
+    page, query = paginate(request, events)
     return render(
         request,
         "console/audit.html",
         {
             "form": form,
             "page": page,
-            "query": query.urlencode(),
+            "query": query,
             "actions": selectors.audit_actions(request.team),
         },
     )

@@ -319,6 +319,10 @@ def endpoint_rollback(*, actor: AbstractBaseUser, endpoint: Endpoint) -> Revisio
         target.replaced = None
         endpoint.stable_revision = target
         endpoint.save(update_fields=["stable_revision"])
+    elif stable is None:
+        raise ValidationError(
+            _("There is nothing to roll back to: the endpoint has no stable revision yet.")
+        )
     else:
         raise ValidationError(
             _("There is nothing to roll back: no canary and no earlier revision.")
@@ -550,7 +554,7 @@ def host_reconcile(host: ServingHost) -> None:
                 "expires_at": k.expires_at.timestamp() if k.expires_at else None,
             }
             for k in endpoint.keys.all()
-            if k.is_active
+            if k.revoked_at is None  # an expired key too: the host says it expired
         }
         client.route(
             endpoint.name, {"revisions": table, "keys": keys, "max_inputs": endpoint.max_inputs}

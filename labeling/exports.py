@@ -13,7 +13,9 @@ carriage return before one) as a formula: a row whose text is ``=HYPERLINK("http
 - the normalised JSONL download stays verbatim: it is data for programs, not for spreadsheets.
 
 A cell holds a row's field as text: a list of labels joined with ``|`` (the separator an import
-reads), entities and chat messages as JSON, so that an export imports again.
+reads), entities and chat messages as JSON, so that an export imports again. A CSV cell that
+got the quote keeps it on the way back (the quote is part of the cell's text); the XLSX and the
+JSONL downloads import again unchanged.
 """
 
 import csv

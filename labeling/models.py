@@ -191,8 +191,11 @@ class LabelingProject(models.Model):
     split = models.CharField(max_length=8, blank=True)
     seed = models.IntegerField(default=42)
     ls_project_id = models.PositiveIntegerField(null=True, blank=True)
-    # The secret in the webhook URL Label Studio calls; only its hash is kept.
+    # The secret Label Studio's webhook sends in a header; only its hash is kept.
     webhook_secret_hash = models.CharField(max_length=64, blank=True)
+    # The URL the webhook was registered with: registered again when PLATFORM_URL or the route
+    # changed (labeling.services.labeling_project_sync).
+    webhook_url = models.CharField(max_length=500, blank=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
     tasks_total = models.PositiveIntegerField(default=0)

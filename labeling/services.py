@@ -5,6 +5,7 @@ import errno
 import hashlib
 import hmac
 import json
+import logging
 import random
 import secrets
 import tempfile
@@ -40,6 +41,8 @@ from labeling.models import (
 )
 from labeling.readers import ENCODINGS, FORMATS, FileError
 from labeling.task_kinds import RowError, TaskKind, schema_for
+
+logger = logging.getLogger(__name__)
 
 
 def _team_prefix(team: Team) -> str:
@@ -418,20 +421,21 @@ def import_run(job_id: int) -> ImportJob:
                 )
         except (pipeline.ImportFailed, FileError) as exc:
             return _import_failed(job, str(exc), workdir / "report.jsonl")
-        except OSError as exc:
-            if exc.errno not in STORAGE_ERRNOS:
-                raise
-            return _import_failed(job, _storage_error(exc), Path("/dev/null"))
         except Exception as exc:
-            # Not the file's fault: say so on the job, and let Celery log the traceback.
-            _import_failed(job, _("Internal error: %(error)s") % {"error": exc}, Path("/dev/null"))
-            raise
+            return _import_crashed(job, exc)
         try:
             return _import_succeeded(job, result)
-        except OSError as exc:
-            if exc.errno not in STORAGE_ERRNOS:
-                raise
-            return _import_failed(job, _storage_error(exc), Path("/dev/null"))
+        except Exception as exc:
+            return _import_crashed(job, exc)
+
+
+def _import_crashed(job: ImportJob, exc: Exception) -> ImportJob:
+    """Not the file's fault. A full or unwritable storage says so on the job; anything else is
+    an internal error there, raised again for Celery to log the traceback."""
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        return _import_failed(job, _storage_error(exc), Path("/dev/null"))
+    _import_failed(job, _("Internal error: %(error)s") % {"error": exc}, Path("/dev/null"))
+    raise exc
 
 
 def _storage_error(exc: OSError) -> str:
@@ -706,6 +710,15 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
     project = LabelingProject.objects.select_related("source_version__dataset").get(pk=project_id)
     if project.ls_project_id is None:
         return {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
+    if project.webhook_url != _webhook_url(project):
+        # Registered before PLATFORM_URL (or the webhook's route) changed: its calls go nowhere.
+        # A hint only: if Label Studio refuses it, the sync goes on and the next one tries again.
+        try:
+            labeling_project_webhook_register(project)
+        except Exception:
+            logger.warning(
+                "webhook of labeling project %s not registered", project.pk, exc_info=True
+            )
     schema = schema_for(project.source_version.dataset.task_kind)
     tasks = {t.ls_task_id: t for t in project.tasks.all()}
     known = {a.ls_annotation_id: a for a in project.annotations.all()}
@@ -831,9 +844,7 @@ def labeling_project_webhook_register(project: LabelingProject) -> None:
         if "/hooks/label-studio/" in hook.url:  # the platform's earlier one
             ls.webhooks.delete(id=hook.id)
     secret = secrets.token_urlsafe(24)
-    url = settings.PLATFORM_URL + reverse(
-        "labeling:label_studio_webhook", kwargs={"project_id": project.pk}
-    )
+    url = _webhook_url(project)
     ls.webhooks.create(
         project=project.ls_project_id,
         url=url,
@@ -842,7 +853,15 @@ def labeling_project_webhook_register(project: LabelingProject) -> None:
         send_for_all_actions=False,
         actions=["ANNOTATION_CREATED", "ANNOTATION_UPDATED", "ANNOTATIONS_DELETED"],
     )
-    LabelingProject.objects.filter(pk=project.pk).update(webhook_secret_hash=hash_token(secret))
+    LabelingProject.objects.filter(pk=project.pk).update(
+        webhook_secret_hash=hash_token(secret), webhook_url=url
+    )
+
+
+def _webhook_url(project: LabelingProject) -> str:
+    return settings.PLATFORM_URL + reverse(
+        "labeling:label_studio_webhook", kwargs={"project_id": project.pk}
+    )
 
 
 def webhook_project(project_id: int, secret: str) -> LabelingProject | None:

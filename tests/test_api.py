@@ -1,3 +1,5 @@
+import pytest
+from django.utils import translation
 from rest_framework.test import APIClient
 
 from console.models import Membership
@@ -83,16 +85,61 @@ def test_members_can_read_but_only_owners_manage(owner, team, make_user):
 def test_a_uniqueness_broken_by_a_concurrent_request_is_a_409():
     """Between a service's check and its write another request took the name: the database
     refuses the write, and the client gets a 409 that says to try again, not a 500."""
-    import pytest
     from django.db import IntegrityError
     from rest_framework.exceptions import APIException
 
     from console.api import service_call
 
     def create(**kwargs):
-        raise IntegrityError('duplicate key value violates unique constraint "x"')
+        raise IntegrityError("UNIQUE constraint failed: labeling_dataset.team_id, name")
 
-    with pytest.raises(APIException) as caught:
+    with translation.override("en"), pytest.raises(APIException) as caught:
         service_call(create, name="ds")
     assert caught.value.status_code == 409
     assert "try again" in str(caught.value.detail)
+
+    # Any other integrity error is a bug, not a race: it stays a 500.
+    def broken(**kwargs):
+        raise IntegrityError("NOT NULL constraint failed: labeling_dataset.name")
+
+    with pytest.raises(IntegrityError):
+        service_call(broken, name="ds")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_name_created_at_once_is_one_201_and_409s(owner, team):
+    """Requests that create the same dataset at the same moment, each in its own thread and
+    database connection: one wins, the others get a 409 (or the 400 of the service's own check
+    when the winner committed first), never a 500, and one dataset exists."""
+    import threading
+
+    from django.db import connection
+    from rest_framework.test import APIClient
+
+    from console.services import api_token_create
+    from labeling.models import Dataset
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite serialises writers: the race needs PostgreSQL, as CI has")
+    _, key = api_token_create(actor=owner, name="race")
+    barrier, codes = threading.Barrier(6), []
+
+    def create() -> None:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+        barrier.wait()
+        r = client.post(
+            f"/api/v1/teams/{team.slug}/datasets/",
+            {"name": "同名", "task_kind": "text_classification"},
+            format="json",
+        )
+        codes.append(r.status_code)
+        connection.close()
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes).count(201) == 1 and set(codes) <= {201, 400, 409}, codes
+    assert Dataset.objects.filter(team=team, name="同名").count() == 1

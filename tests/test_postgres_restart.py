@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -294,7 +295,8 @@ def test_a_training_job_running_through_a_postgres_restart_finishes(
     def job() -> tuple:
         with psycopg.connect(own_postgres.url) as conn:
             return conn.execute(
-                "SELECT status, step, total_steps, error FROM training_trainingjob WHERE id = %s",
+                "SELECT status, step, total_steps, error, finished_at FROM training_trainingjob"
+                " WHERE id = %s",
                 (job_id,),
             ).fetchone()
 
@@ -306,12 +308,14 @@ def test_a_training_job_running_through_a_postgres_restart_finishes(
         own_postgres.stop()
         time.sleep(3)  # the supervisor's writes fail meanwhile
         own_postgres.start()
+        restarted = datetime.now(UTC)
         deadline = time.monotonic() + 300
         while job()[0] in ("queued", "running"):
             assert time.monotonic() < deadline, job()
             time.sleep(1)
     finally:
         stop_worker(worker)
-    status, step, total, error = job()
+    status, step, total, error, finished_at = job()
     assert status == "succeeded", error
     assert step == total > 0
+    assert finished_at > restarted  # it ran through the restart

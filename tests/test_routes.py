@@ -111,7 +111,6 @@ def object_factories(team, owner) -> dict:
         "project_id": lambda: (
             labeling_services.labeling_project_create(actor=owner, version=v, name="p").pk
         ),
-        "secret": lambda: "not-the-secret",
         "training_job_id": lambda: job.pk,
         "base_model_id": lambda: base.pk,
         "model_version_id": lambda: model_version.pk,

@@ -67,13 +67,21 @@ def browser() -> Iterator:
         browser.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.call_failed = report.failed  # for `page`: a screenshot of what the test saw
+    return report
+
+
 @pytest.fixture
-def page(browser, live_server):
+def page(browser, live_server, request):
     context = browser.new_context(base_url=live_server.url, locale="zh-CN")
     context.set_default_timeout(15_000)
     page = context.new_page()
     yield page
-    if os.environ.get("E2E_SCREENSHOTS"):
-        path = os.path.join(os.environ["E2E_SCREENSHOTS"], "last.png")
+    if os.environ.get("E2E_SCREENSHOTS") and getattr(request.node, "call_failed", False):
+        path = os.path.join(os.environ["E2E_SCREENSHOTS"], f"failed-{request.node.name}.png")
         page.screenshot(path=path, full_page=True)
     context.close()

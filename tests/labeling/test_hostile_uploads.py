@@ -88,6 +88,7 @@ def sandbox(tmp_path, settings) -> Sandbox:
 def api(owner):
     client = APIClient()
     client.force_authenticate(owner)
+    client.credentials(HTTP_ACCEPT_LANGUAGE="en")  # the messages asserted are the English ones
     return client
 
 

@@ -258,3 +258,20 @@ def test_viewers_cannot_open_label_studio(client, make_user, team, project):
     Membership.objects.create(team=team, user=viewer, role="viewer")
     client.force_login(viewer)
     assert client.get(f"/t/{team.slug}/labeling/{project.pk}/open/").status_code == 403
+
+
+def test_a_webhook_registered_under_an_old_url_is_registered_again(project, settings):
+    """Registered before PLATFORM_URL (or the route) changed, e.g. with its secret in the URL
+    as earlier releases did: the next sync registers it again, its secret in a header."""
+    project.refresh_from_db()
+    old = f"{settings.PLATFORM_URL}/hooks/label-studio/{project.pk}/old-secret-in-url/"
+    type(project).objects.filter(pk=project.pk).update(webhook_url=old)
+    settings.PLATFORM_URL = "http://127.0.0.1:8999"
+
+    services.labeling_project_sync(project.pk)
+    project.refresh_from_db()
+    expected = f"http://127.0.0.1:8999/hooks/label-studio/{project.pk}/"
+    assert project.webhook_url == expected
+    hooks = label_studio.client().webhooks.list(project=project.ls_project_id)
+    assert [h.url for h in hooks] == [expected]
+    assert services.WEBHOOK_SECRET_HEADER in (hooks[0].headers or {})

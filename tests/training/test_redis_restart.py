@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from tests import conftest as suite
 from tests.conftest import ROOT, start_train_worker, stop_worker
@@ -116,8 +117,10 @@ def test_queued_jobs_survive_a_redis_restart_and_a_running_job_finishes_once(
         behind = submit(own_redis, owner, team, version)
         long = wait_for(long, until=lambda j: j.status == "running" and j.step > 0)
         own_redis.restart()
+        restarted = timezone.now()
         long = wait_for(long, timeout=240)
         assert long.status == "succeeded", long.error
+        assert long.finished_at > restarted  # it ran through the restart
         assert long.attempts == 1 and long.step == long.total_steps
         behind = wait_for(behind, timeout=240)
         assert behind.status == "succeeded", behind.error
