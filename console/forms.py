@@ -4,6 +4,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from console.roles import Role
+from console.services import api_token_default_days
 
 
 class TeamForm(forms.Form):
@@ -39,7 +40,7 @@ class TokenForm(forms.Form):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        default = settings.API_TOKEN_DEFAULT_DAYS or None
+        default = api_token_default_days()
         field = self.fields["expires_in_days"]
         field.choices = expiry_choices(default)
         field.initial = str(default) if default else NEVER
@@ -48,7 +49,7 @@ class TokenForm(forms.Form):
         """Days, None for never; left out: the configured default."""
         value = self.cleaned_data["expires_in_days"]
         if not value:
-            return settings.API_TOKEN_DEFAULT_DAYS or None
+            return api_token_default_days()
         return None if value == NEVER else int(value)
 
 

@@ -18,6 +18,18 @@ def stored_files(root) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
+def import_upload(owner, dataset, upload):
+    job = services.import_start(
+        actor=owner,
+        dataset=dataset,
+        upload=upload,
+        fmt="csv",
+        encoding="utf-8",
+        options={"mapping": {"text": "text", "label": "label"}},
+    )
+    return services.import_run(job.pk)
+
+
 def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
     owner, team, small_disk, settings
 ):
@@ -38,15 +50,7 @@ def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
     files_before = stored_files(small_disk.path / "media")
 
     small_disk.fill()
-    job = services.import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="csv",
-        encoding="utf-8",
-        options={"mapping": {"text": "text", "label": "label"}},
-    )
-    job = services.import_run(job.pk)
+    job = import_upload(owner, dataset, upload)
     assert job.status == "failed"
     assert "No space left on device" in job.error and "import the file again" in job.error
     # Nothing half-written: no version, no new file; the first version reads as before.
@@ -55,15 +59,7 @@ def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
     assert default_storage.open(first.data_file).read() == first_data
 
     small_disk.free()
-    job = services.import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="csv",
-        encoding="utf-8",
-        options={"mapping": {"text": "text", "label": "label"}},
-    )
-    job = services.import_run(job.pk)
+    job = import_upload(owner, dataset, upload)
     assert job.status == "succeeded", job.error
     second = DatasetVersion.objects.get(dataset=dataset, number=2)
     assert second.row_count == 3000
