@@ -45,6 +45,11 @@ $(RT_VENV)/.installed: platform/requirements/runtime.txt pyproject.toml
 	touch $@
 
 runtime: $(RT_VENV)/.installed
+	@# As root, runners and predictors run as PLATFORM_RUNNER_USER (training/sandbox.py): it must
+	@# reach the runtime's interpreter (a pyenv one under /root, say): o+x, passing, not listing.
+	@if [ "$$(id -u)" = 0 ]; then d=$$(dirname "$$(readlink -f $(RT_PY))"); \
+	  while [ "$$d" != / ]; do [ -n "$$(find "$$d" -maxdepth 0 -perm -o+x)" ] || \
+	    { echo "chmod o+x $$d (for the runner's user)"; chmod o+x "$$d"; }; d=$$(dirname "$$d"); done; fi
 
 install: $(VENV)/.installed $(COMPILED) runtime
 

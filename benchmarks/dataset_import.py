@@ -38,7 +38,7 @@ call_command("migrate", verbosity=0)
 from console.services import team_create
 from labeling import services
 path = sys.argv[1]
-user = get_user_model().objects.create_user("bench", password="x")
+user = get_user_model().objects.create_user("bench", password="x", is_staff=True)
 team = team_create(actor=user, name="bench")
 dataset = services.dataset_create(actor=user, team=team, name="reviews",
                                   task_kind="text_classification")

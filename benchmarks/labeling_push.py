@@ -37,7 +37,7 @@ lines = ["文本,标签"] + [
     for i in range(n)
 ]
 data = ("\n".join(lines) + "\n").encode()
-user = get_user_model().objects.create_user("bench", password="x")
+user = get_user_model().objects.create_user("bench", password="x", is_staff=True)
 team = team_create(actor=user, name="bench")
 dataset = services.dataset_create(actor=user, team=team, name="reviews",
                                   task_kind="text_classification", labels=["正面", "负面"])

@@ -176,7 +176,7 @@ def make_world(users: int, rows: list[dict]) -> dict:
     from training.models import ModelVersion, TrainingJob
 
     user_model = get_user_model()
-    admin = user_model.objects.create_user("bench-admin")
+    admin = user_model.objects.create_user("bench-admin", is_staff=True)
     team = team_create(actor=admin, name=TEAM)
     unusable = make_password(None)  # the users never log in with a password: sessions below
     members = user_model.objects.bulk_create(

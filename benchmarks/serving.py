@@ -383,7 +383,7 @@ def predictor_pid(host: Host) -> int | None:
         return None
     for pid in kids:
         try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"deployment.server.replica" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return int(pid)
         except OSError:
             pass

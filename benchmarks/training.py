@@ -156,7 +156,7 @@ def import_version(rows: list[dict]):
     from console.services import team_create
     from labeling import services
 
-    user = get_user_model().objects.create_user("bench")
+    user = get_user_model().objects.create_user("bench", is_staff=True)
     team = team_create(actor=user, name="bench")
     dataset = services.dataset_create(
         actor=user, team=team, name="reviews", task_kind="text_classification", labels=LABELS

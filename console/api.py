@@ -10,17 +10,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console import health, selectors, services
+from console import health, lockout, selectors, services
 from console.forms import AuditFilterForm
-from console.models import Membership
+from console.models import ApiToken, Membership
 from console.pagination import PaginatedList
-from console.permissions import TeamPermission
+from console.permissions import StaffOnly, TeamPermission
 from console.roles import Perm
 from console.serializers import (
+    AccountActiveSerializer,
     ApiTokenSerializer,
     AuditEventSerializer,
     HealthCheckSerializer,
     InviteSerializer,
+    LockoutSerializer,
     MembershipSerializer,
     NewApiTokenSerializer,
     NodeSerializer,
@@ -98,6 +100,8 @@ class TokenListCreate(generics.ListCreateAPIView):
             actor=request.user,
             name=data["name"],
             expires_in_days=data.get("expires_in_days", "default"),
+            # A token cannot mint one that outlives it.
+            via_token=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         token.key = key
         return Response(NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
@@ -211,5 +215,76 @@ class AuditList(generics.ListAPIView):
         form = AuditFilterForm(self.request.query_params)
         if not form.is_valid():
             raise ValidationError(form.errors)
-        events = selectors.team_audit_events(self.request.team, **form.cleaned_data)
+        events = selectors.team_audit_events(
+            self.request.team, viewer=self.request.user, **form.cleaned_data
+        )
         return events.select_related("team")  # each event names its team's slug
+
+
+# -- Site staff: accounts, their tokens, lockouts --------------------------------------------
+
+
+class UserTokenList(generics.ListAPIView):
+    """Another account's personal API tokens (site staff)."""
+
+    permission_classes = [StaffOnly]
+    serializer_class = ApiTokenSerializer
+
+    def get_queryset(self):
+        return selectors.user_api_tokens(selectors.account_get(self.kwargs["user_id"]))
+
+
+class UserTokenRevoke(APIView):
+    permission_classes = [StaffOnly]
+
+    @extend_schema(responses={200: ApiTokenSerializer})
+    def delete(self, request: Request, user_id: int, token_id: int) -> Response:
+        token = selectors.user_api_token_get(selectors.account_get(user_id), token_id)
+        token = services.api_token_revoke(actor=request.user, token=token)
+        return Response(ApiTokenSerializer(token).data)
+
+
+class UserActive(APIView):
+    """Deactivate an account (its sessions and tokens end) or activate it again."""
+
+    permission_classes = [StaffOnly]
+
+    @extend_schema(request=AccountActiveSerializer, responses={200: AccountActiveSerializer})
+    def post(self, request: Request, user_id: int) -> Response:
+        account = selectors.account_get(user_id)
+        serializer = AccountActiveSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        account = service_call(
+            services.user_set_active,
+            actor=request.user,
+            user=account,
+            active=serializer.validated_data["is_active"],
+        )
+        return Response(AccountActiveSerializer(account).data)
+
+
+class LockoutList(APIView):
+    """The accounts and addresses locked out now (too many failed logins or unknown tokens);
+    DELETE with ``?username=`` or ``?address=`` lifts one."""
+
+    permission_classes = [StaffOnly]
+
+    @extend_schema(responses=LockoutSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(LockoutSerializer(lockout.active_lockouts(), many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("username", str, description="the account to unlock"),
+            OpenApiParameter("address", str, description="the IP address to unlock"),
+        ],
+        responses={200: None},
+    )
+    def delete(self, request: Request) -> Response:
+        cleared = service_call(
+            services.lockout_clear,
+            actor=request.user,
+            username=request.query_params.get("username", ""),
+            address=request.query_params.get("address", ""),
+        )
+        return Response({"cleared": cleared})

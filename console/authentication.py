@@ -2,6 +2,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 
+from console.lockout import token_failed
 from console.models import TOKEN_PREFIX, ApiToken, hash_token
 
 
@@ -15,11 +16,17 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if not header or header[0].lower() not in self.keywords:
             return None
         if len(header) != 2 or not header[1].startswith(TOKEN_PREFIX):
+            token_failed(request._request)  # guessing counts, malformed or not
             raise exceptions.AuthenticationFailed(_("Malformed Authorization header."))
         token = (
             ApiToken.objects.select_related("user").filter(key_hash=hash_token(header[1])).first()
         )
-        if token is None or token.revoked_at is not None or not token.user.is_active:
+        if token is None:
+            # A guess: counted against the address, which is locked out after too many (429).
+            # Known tokens (expired, revoked) are no guesses and count nothing.
+            token_failed(request._request)
+            raise exceptions.AuthenticationFailed(_("Invalid or revoked API token."))
+        if token.revoked_at is not None or not token.user.is_active:
             raise exceptions.AuthenticationFailed(_("Invalid or revoked API token."))
         if token.is_expired:
             raise exceptions.AuthenticationFailed(

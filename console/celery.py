@@ -34,6 +34,8 @@ app.conf.beat_schedule = {
     "beat-heartbeat": {"task": "console.tasks.beat_heartbeat", "schedule": float(BEAT_INTERVAL_S)},
     # Reconciliation with Label Studio: webhooks are a hint, this is the guarantee.
     "labeling-reconcile": {"task": "labeling.tasks.reconcile_labeling_projects", "schedule": 60.0},
+    # Uploads abandoned for UPLOAD_EXPIRY_HOURS (never completed, or never imported) go.
+    "labeling-expire-uploads": {"task": "labeling.tasks.expire_uploads", "schedule": 3600.0},
     # Jobs whose whole worker died are queued again (a killed pool process requeues at once).
     "training-reconcile": {"task": "training.tasks.reconcile_training_jobs", "schedule": 60.0},
     # Serving hosts hold what the endpoints say (and load again after a restart); their

@@ -2,6 +2,7 @@ from django.apps import apps
 from django.http import HttpRequest
 
 from console.selectors import teams_for_user
+from console.services import team_create_allowed
 
 
 def nav_items() -> list[tuple[str, str]]:
@@ -23,4 +24,5 @@ def console(request: HttpRequest) -> dict:
         "current_team": getattr(request, "team", None),
         "current_membership": getattr(request, "membership", None),
         "nav_items": nav_items(),
+        "can_create_team": team_create_allowed(request.user),
     }

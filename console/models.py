@@ -14,6 +14,8 @@ class Team(models.Model):
 
     name = models.CharField(_("name"), max_length=100)
     slug = models.SlugField(_("slug"), max_length=60, unique=True)
+    # The team's own storage quota in GB, set by site staff; empty: TEAM_STORAGE_QUOTA_GB.
+    storage_quota_gb = models.FloatField(_("storage quota (GB)"), null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

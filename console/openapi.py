@@ -24,9 +24,14 @@ ERROR_SCHEMA = {
 ERRORS: dict[str, tuple[str, bool]] = {
     "400": ("The request is invalid; the body says what was wrong and where.", False),
     "401": ("No credentials, or an invalid, revoked or expired API token.", False),
-    "403": ("The role of the user in the team does not allow this.", False),
+    "403": ("The role of the user in the team does not allow this (or: site staff only).", False),
     "404": ("No such team for this user, or no such object in the team.", True),
     "415": ("The body's content type is not one this operation reads.", False),
+    "429": (
+        "Locked out: too many failed sign-ins or unknown tokens from this address (or for "
+        "this account); Retry-After says when to try again.",
+        False,
+    ),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
-from rest_framework import permissions
+from rest_framework import exceptions, permissions
 
 from console.models import Membership
 from console.roles import Perm, role_allows
@@ -74,3 +74,15 @@ class TeamPermission(permissions.BasePermission):
         if request.method not in SAFE_METHODS and getattr(view, "write_permission", None) is None:
             raise PermissionDenied
         return membership is not None
+
+
+class StaffOnly(permissions.BasePermission):
+    """DRF: site staff only. To any other account a route that names an account does not
+    exist (404, as the console's staff pages); a route that names none is refused (403)."""
+
+    def has_permission(self, request, view) -> bool:
+        if not request.user or not request.user.is_authenticated:
+            return False
+        if not request.user.is_staff and view.kwargs:
+            raise exceptions.NotFound
+        return bool(request.user.is_staff)

@@ -4,7 +4,7 @@ from collections.abc import Iterable
 from datetime import date
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.http import Http404
 from django.utils.translation import gettext as _
 
@@ -42,6 +42,16 @@ def user_api_tokens(user: AbstractBaseUser) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).order_by("-created_at")
 
 
+def account_get(user_id: int) -> AbstractBaseUser:
+    """Any account (site staff's pages and API only)."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(pk=user_id).first()
+    if user is None:
+        raise Http404("No such account.")
+    return user
+
+
 def user_api_token_get(user: AbstractBaseUser, token_id: int) -> ApiToken:
     token = user_api_tokens(user).filter(pk=token_id).first()
     if token is None:
@@ -58,27 +68,32 @@ PERSONAL_ACTIONS = (
     "token.create",
     "token.revoke",
     "password.change",
+    "login.locked",
 )
 
 
 def team_audit_events(
     team: Team,
     *,
+    viewer: AbstractBaseUser | None = None,
     action: str = "",
     actor: str = "",
     since: date | None = None,
     until: date | None = None,
 ) -> QuerySet[AuditEvent]:
-    """The team's events, and the personal events (logins, tokens) of its members."""
-    members = Membership.objects.filter(team=team)
+    """The team's events, and the personal events (logins, tokens) of its members from the
+    moment each joined: adding an account to a team shows nothing of its past. The
+    ``viewer``'s own personal events are theirs to see, from any time."""
+    joined_before = Membership.objects.filter(team=team, created_at__lte=OuterRef("created_at"))
+    whose = Q(Exists(joined_before.filter(user_id=OuterRef("actor_id")))) | Q(
+        # Failed logins name no account, only the username that was typed.
+        Exists(joined_before.filter(user__username=OuterRef("actor_username"))),
+        actor__isnull=True,
+    )
+    if viewer is not None and viewer.is_authenticated:
+        whose |= Q(actor_id=viewer.pk)
     events = AuditEvent.objects.filter(
-        Q(team=team)
-        | Q(team__isnull=True, action__in=PERSONAL_ACTIONS)
-        & (
-            Q(actor_id__in=members.values("user_id"))
-            # Failed logins name no account, only the username that was typed.
-            | Q(actor__isnull=True, actor_username__in=members.values("user__username"))
-        )
+        Q(team=team) | Q(team__isnull=True, action__in=PERSONAL_ACTIONS) & whose
     )
     if action:
         events = events.filter(action__startswith=action)

@@ -133,3 +133,18 @@ class NodeSerializer(serializers.ModelSerializer):
             "stopped_at",
             "devices",
         ]
+
+
+class AccountActiveSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = get_user_model()
+        fields = ["id", "username", "is_active"]
+        read_only_fields = ["id", "username"]
+        extra_kwargs = {"is_active": {"required": True}}
+
+
+class LockoutSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["account", "address"])
+    value = serializers.CharField()
+    failures = serializers.IntegerField()
+    until = serializers.DateTimeField()

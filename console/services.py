@@ -1,5 +1,6 @@
 """Every write of the console app: one function per use case, each recording its audit event."""
 
+import ipaddress
 import logging
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -8,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.auth.password_validation import validate_password
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Count, Model
 from django.utils import timezone
@@ -55,8 +56,19 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
+def team_create_allowed(user: AbstractBaseUser) -> bool:
+    """PLATFORM_TEAM_CREATION: site staff only ("staff", the default) or any account ("any")."""
+    if not user.is_authenticated or not user.is_active:
+        return False
+    return user.is_staff or settings.PLATFORM_TEAM_CREATION == "any"
+
+
 @transaction.atomic
 def team_create(*, actor: AbstractBaseUser, name: str) -> Team:
+    if not team_create_allowed(actor):
+        raise PermissionDenied(
+            _("Only site administrators create teams here: ask one to create yours or add you.")
+        )
     name = name.strip()
     if not name:
         raise ValidationError(_("A team needs a name."))
@@ -140,7 +152,16 @@ def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> Non
         target=membership,
         data={"username": membership.user.get_username(), "role": membership.role},
     )
+    user, team = membership.user, membership.team
     membership.delete()
+    _access_revoked(user, team)
+
+
+def _access_revoked(user: AbstractBaseUser, team: Team | None) -> None:
+    """Tell other apps (console.signals.user_access_revoked), once committed."""
+    from console.signals import user_access_revoked
+
+    transaction.on_commit(lambda: user_access_revoked.send(sender=type(user), user=user, team=team))
 
 
 # The longest lifetime a key may be given, in days; longer is "never" (explicitly).
@@ -170,15 +191,30 @@ def api_token_create(
     actor: AbstractBaseUser,
     name: str,
     expires_in_days: int | Literal["default"] | None = "default",
+    via_token: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a personal token; returns it with its key, which is never retrievable again.
-    ``expires_in_days``: None never expires; "default" is API_TOKEN_DEFAULT_DAYS."""
+    ``expires_in_days``: None never expires; "default" is API_TOKEN_DEFAULT_DAYS.
+    ``via_token``: the token the request authenticated with; the new one cannot outlive it
+    (the default is cut to its expiry; "never" or a later expiry is refused)."""
     name = name.strip()
     if not name:
         raise ValidationError(_("A token needs a name."))
-    if expires_in_days == "default":
+    default = expires_in_days == "default"
+    if default:
         expires_in_days = api_token_default_days()
     expires_at = key_expiry(expires_in_days)
+    limit = via_token.expires_at if via_token is not None else None
+    if limit is not None and (expires_at is None or expires_at > limit):
+        if not default:
+            raise ValidationError(
+                _(
+                    "A token cannot create one that outlives it: this request's token expires "
+                    "on %(date)s; choose fewer days, or create the token on the Tokens page."
+                )
+                % {"date": timezone.localtime(limit).isoformat(timespec="minutes")}
+            )
+        expires_at = limit
     token, key = ApiToken.issue(user=actor, name=name[:100], expires_at=expires_at)
     audit_record(
         action="token.create",
@@ -190,10 +226,42 @@ def api_token_create(
 
 
 @transaction.atomic
-def api_token_revoke(*, actor: AbstractBaseUser, token: ApiToken) -> ApiToken:
+def api_token_revoke(*, actor: AbstractBaseUser, token: ApiToken, reason: str = "") -> ApiToken:
+    """Revoke a personal token: its owner, or site staff (any user's)."""
     if token.revoke():
-        audit_record(action="token.revoke", actor=actor, target=token)
+        data = {"reason": reason} if reason else {}
+        if token.user_id != actor.pk:
+            data["user"] = token.user.get_username()
+        audit_record(action="token.revoke", actor=actor, target=token, data=data)
     return token
+
+
+def _tokens_revoke(actor: AbstractBaseUser, user: AbstractBaseUser, reason: str) -> int:
+    """Revoke every active personal token of ``user`` (endpoint keys belong to endpoints, not
+    to users, and stay). Returns how many."""
+    tokens = list(ApiToken.objects.filter(user=user, revoked_at__isnull=True))
+    for token in tokens:
+        api_token_revoke(actor=actor, token=token, reason=reason)
+    return len(tokens)
+
+
+def _sessions_end(user: AbstractBaseUser, keep: str | None = None) -> int:
+    """Delete the user's sessions but ``keep`` (a session key). Django already refuses a
+    session after a password change (its hash) or once the account is inactive; deleting them
+    makes that final. Only database-backed sessions can be found by user."""
+    from importlib import import_module
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    if not hasattr(store, "get_model_class"):
+        return 0
+    model = store.get_model_class()
+    ended = 0
+    live = model.objects.filter(expire_date__gt=timezone.now()).exclude(session_key=keep or "")
+    for session in live.iterator():
+        if str(session.get_decoded().get("_auth_user_id")) == str(user.pk):
+            model.objects.filter(session_key=session.session_key).delete()
+            ended += 1
+    return ended
 
 
 @transaction.atomic
@@ -215,14 +283,24 @@ def user_create(
 
 @transaction.atomic
 def user_set_password(
-    *, actor: AbstractBaseUser, user: AbstractBaseUser, password: str
+    *,
+    actor: AbstractBaseUser,
+    user: AbstractBaseUser,
+    password: str,
+    keep_session: str | None = None,
 ) -> AbstractBaseUser:
-    """Set an account's password: its owner changing it, or a site administrator resetting it."""
+    """Set an account's password: its owner changing it, or a site administrator resetting it.
+    Its personal API tokens are revoked and its sessions end, but ``keep_session`` (the one
+    the owner changed it from: the caller keeps it with update_session_auth_hash)."""
     validate_password(password, user)
     user.set_password(password)
     user.save(update_fields=["password"])
     action = "password.change" if actor.pk == user.pk else "password.reset"
-    audit_record(action=action, actor=actor, target=user)
+    revoked = _tokens_revoke(actor, user, reason=action)
+    ended = _sessions_end(user, keep=keep_session)
+    audit_record(
+        action=action, actor=actor, target=user, data={"tokens_revoked": revoked, "sessions": ended}
+    )
     return user
 
 
@@ -235,8 +313,45 @@ def user_set_active(
         raise ValidationError(_("You cannot deactivate your own account."))
     user.is_active = active
     user.save(update_fields=["is_active"])
-    audit_record(action="user.activate" if active else "user.deactivate", actor=actor, target=user)
+    data = {}
+    if not active:
+        # Ended, not suspended: activating the account again brings none of them back.
+        data["tokens_revoked"] = _tokens_revoke(actor, user, reason="user.deactivate")
+        data["sessions"] = _sessions_end(user)
+        _access_revoked(user, None)
+    audit_record(
+        action="user.activate" if active else "user.deactivate", actor=actor, target=user, data=data
+    )
     return user
+
+
+@transaction.atomic
+def lockout_clear(*, actor: AbstractBaseUser, username: str = "", address: str = "") -> int:
+    """Lift the login lockout of an account (its failures from every address) or of an
+    address (every account's failures from it). Returns how many failure records went."""
+    from axes.utils import reset
+
+    username, address = username.strip(), address.strip()
+    if not username and not address:
+        raise ValidationError(_("Name the account or the address to unlock."))
+    if address:
+        try:
+            address = str(ipaddress.ip_address(address))
+        except ValueError as exc:
+            raise ValidationError(
+                _("“%(address)s” is not an IP address.") % {"address": address}
+            ) from exc
+    cleared = 0
+    if username:
+        cleared += reset(username=username)
+    if address:
+        cleared += reset(ip=address)
+    audit_record(
+        action="login.unlock",
+        actor=actor,
+        data={"username": username, "address": address, "cleared": cleared},
+    )
+    return cleared
 
 
 # -- Nodes and their devices ------------------------------------------------------------------

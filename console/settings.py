@@ -50,6 +50,10 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 BEHIND_TLS_PROXY = env_bool("BEHIND_TLS_PROXY", False)
 if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The proxies (addresses or networks) whose X-Forwarded-For names the client: the audit log and
+# the login lockout take the client's address from it only for a request that came from one of
+# them (console.middleware.request_ip). Behind platform/nginx/ on the same machine: loopback.
+TRUSTED_PROXIES = env_list("PLATFORM_TRUSTED_PROXIES", "127.0.0.1,::1" if BEHIND_TLS_PROXY else "")
 
 DATA_DIR = Path(os.environ.get("PLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
 
@@ -64,6 +68,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    "axes",
     "console",
     "labeling",
     "training",
@@ -82,6 +87,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "console.middleware.RequestContextMiddleware",
+    # Last: turns a lockout (too many failed logins or unknown tokens) into its answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -127,6 +134,26 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Password guessing (django-axes, console/lockout.py): LOGIN_FAILURE_LIMIT failed logins for one
+# account (from any address), or from one address (for any accounts, unknown API tokens
+# included), within LOGIN_LOCKOUT_MINUTES lock that account or address out for
+# LOGIN_LOCKOUT_MINUTES after the last failure; site staff can unlock it on the Accounts page.
+AUTHENTICATION_BACKENDS = [
+    "console.lockout.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
+LOGIN_LOCKOUT_MINUTES = float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15"))
+AXES_FAILURE_LIMIT = "console.lockout.failure_limit"
+AXES_COOLOFF_TIME = "console.lockout.cool_off"
+AXES_LOCKOUT_PARAMETERS = "console.lockout.lockout_parameters"
+AXES_CLIENT_IP_CALLABLE = "console.middleware.request_ip"
+AXES_LOCKOUT_CALLABLE = "console.lockout.lockout_response"
+# A try while locked out is refused without extending the lockout: the time it names holds.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# Logins are in the platform's own audit log already.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:home"
 LOGOUT_REDIRECT_URL = "console:login"
@@ -170,6 +197,12 @@ if os.environ.get("STORAGE_BACKEND", "filesystem") == "s3":
 UPLOAD_STAGING_DIR = Path(os.environ.get("PLATFORM_UPLOAD_DIR") or DATA_DIR / "uploads")
 UPLOAD_MAX_BYTES = int(float(os.environ.get("PLATFORM_UPLOAD_MAX_MB", "2048")) * 1024 * 1024)
 UPLOAD_CHUNK_BYTES = 4 * 1024 * 1024
+# An upload not completed, or completed and never imported, is deleted (file and row) this many
+# hours after it began (beat: labeling.tasks.expire_uploads).
+UPLOAD_EXPIRY_HOURS = float(os.environ.get("UPLOAD_EXPIRY_HOURS", "24"))
+# What a team may keep in the platform's storage (uploads, its base models, model versions), in
+# GB; a team's own quota (Team.storage_quota_gb) overrides it. 0: no limit.
+TEAM_STORAGE_QUOTA_GB = float(os.environ.get("TEAM_STORAGE_QUOTA_GB", "500"))
 # XLSX is a zip of XML: a few kilobytes can expand to gigabytes (a zip bomb). Before openpyxl
 # reads a workbook, a member that expands more than XLSX_MAX_COMPRESSION_RATIO times (above
 # 100 KiB; Apache POI's ZipSecureFile default, a minimum inflate ratio of 0.01) or members that
@@ -248,10 +281,20 @@ NODE_STALE_S = float(os.environ.get("PLATFORM_NODE_STALE_S", "60"))
 # The job runner runs in its own venv (Paddle and torch need numpy 1.x; the console's Label
 # Studio SDK needs numpy 2): `make run` and `make test` install it into .venv-runtime.
 TRAINING_PYTHON = os.environ.get("TRAINING_PYTHON") or str(BASE_DIR / ".venv-runtime/bin/python")
+# Where the platform runs as root, job runners (and the serving host's predictors, which read
+# the same variable) run as this unprivileged user; empty: model-platform-runner if the machine
+# has it, else nobody (training/sandbox.py). Not root: they run as the platform's own user.
+PLATFORM_RUNNER_USER = os.environ.get("PLATFORM_RUNNER_USER", "")
 # Work directories of jobs (data, checkpoints, exports): local or shared (NFS) disk.
 TRAINING_WORK_DIR = Path(os.environ.get("TRAINING_WORK_DIR") or DATA_DIR / "training")
 # Jobs of one team that may run at once, whatever the number of workers.
 TRAINING_TEAM_CONCURRENCY = int(os.environ.get("TRAINING_TEAM_CONCURRENCY", "2"))
+# Jobs one user may have queued or running at once, over all their teams (a user in several
+# teams does not get several teams' share); a job beyond it is refused at submission.
+TRAINING_MAX_CONCURRENT_PER_USER = int(os.environ.get("TRAINING_MAX_CONCURRENT_PER_USER", "4"))
+# The longest a job may run, in hours from its start: its worker stops it and fails it past
+# that. A job may ask for less (max_hours), not more.
+TRAINING_MAX_HOURS = float(os.environ.get("TRAINING_MAX_HOURS", "72"))
 # A job whose worker was lost this many times fails instead of starting again.
 TRAINING_MAX_ATTEMPTS = int(os.environ.get("TRAINING_MAX_ATTEMPTS", "3"))
 # A job that spans nodes fails when its parts have not met (and started training) this soon.
@@ -259,6 +302,14 @@ TRAINING_RENDEZVOUS_TIMEOUT_S = int(os.environ.get("TRAINING_RENDEZVOUS_TIMEOUT_
 # Base models are imported from directories or archives under this directory of the server
 # (and from archives uploaded through the console).
 MODEL_IMPORT_DIR = Path(os.environ.get("PLATFORM_MODEL_IMPORT_DIR") or DATA_DIR / "imports")
+# Model archives (base models, model versions) are refused before extraction when they hold
+# more members than this, expand past this size in all, or expand more than this many times
+# their packed size (zip bombs); weights compress little, so real archives stay far below.
+ARCHIVE_MAX_MEMBERS = int(os.environ.get("PLATFORM_ARCHIVE_MAX_MEMBERS", "10000"))
+ARCHIVE_MAX_UNCOMPRESSED_BYTES = int(
+    float(os.environ.get("PLATFORM_ARCHIVE_MAX_UNCOMPRESSED_MB", "262144")) * 1024 * 1024
+)
+ARCHIVE_MAX_COMPRESSION_RATIO = int(os.environ.get("PLATFORM_ARCHIVE_MAX_COMPRESSION_RATIO", "100"))
 
 # -- Deployment ------------------------------------------------------------------------------
 
@@ -294,6 +345,14 @@ PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/
 LABEL_STUDIO_TOKEN_FILE = Path(
     os.environ.get("LABEL_STUDIO_TOKEN_FILE") or DATA_DIR / "label-studio" / "platform-token"
 )
+# Teams' organisations and annotators' accounts are managed through Label Studio's own Django
+# (platform/label_studio_ext/platform_ls/manage.py): by default run here with Label Studio's
+# venv on its data directory; for a Label Studio on another host, a command that runs
+# `python -m platform_ls.manage` there (e.g. over ssh), reading JSON on stdin.
+LABEL_STUDIO_DATA_DIR = Path(
+    os.environ.get("LABEL_STUDIO_DATA_DIR") or DATA_DIR / "label-studio"
+).resolve()
+LABEL_STUDIO_ADMIN_COMMAND = os.environ.get("LABEL_STUDIO_ADMIN_COMMAND", "")
 
 # -- REST API --------------------------------------------------------------------------------
 
@@ -315,6 +374,12 @@ REST_FRAMEWORK = {
 API_TOKEN_DEFAULT_DAYS = int(os.environ.get("API_TOKEN_DEFAULT_DAYS", "90"))
 # The choices offered at creation, in days.
 API_TOKEN_EXPIRY_CHOICES_DAYS = (7, 30, 90, 365)
+# Who may create teams: "staff" (site administrators) or "any" (every signed-in account).
+PLATFORM_TEAM_CREATION = os.environ.get("PLATFORM_TEAM_CREATION", "staff").strip().lower()
+if PLATFORM_TEAM_CREATION not in {"staff", "any"}:
+    raise ImproperlyConfigured(
+        f"PLATFORM_TEAM_CREATION is {PLATFORM_TEAM_CREATION!r}: set it to staff or any."
+    )
 SPECTACULAR_SETTINGS = {
     "TITLE": "Model Platform API",
     "DESCRIPTION": "REST API of the private model platform. Authenticate with a personal API "
@@ -337,4 +402,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # django-axes logs every login at INFO; its failures and lockouts are warnings.
+    "loggers": {"axes": {"level": "WARNING"}},
 }

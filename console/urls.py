@@ -38,6 +38,13 @@ console_pages = [
     path("users/", views.users, name="users"),
     path("users/<int:user_id>/password/", views.user_password, name="user_password"),
     path("users/<int:user_id>/active/", views.user_active, name="user_active"),
+    path("users/<int:user_id>/tokens/", views.user_tokens, name="user_tokens"),
+    path(
+        "users/<int:user_id>/tokens/<int:token_id>/revoke/",
+        views.user_token_revoke,
+        name="user_token_revoke",
+    ),
+    path("users/lockouts/clear/", views.lockout_clear, name="lockout_clear"),
     path("t/<slug:team>/", include(team_pages)),
 ]
 
@@ -58,6 +65,15 @@ api_v1 = [
         name="member",
     ),
     path("teams/<slug:team>/audit/", api.AuditList.as_view(), name="audit"),
+    # Site staff only (404 to anybody else).
+    path("users/<int:user_id>/tokens/", api.UserTokenList.as_view(), name="user_tokens"),
+    path(
+        "users/<int:user_id>/tokens/<int:token_id>/",
+        api.UserTokenRevoke.as_view(),
+        name="user_token",
+    ),
+    path("users/<int:user_id>/active/", api.UserActive.as_view(), name="user_active"),
+    path("lockouts/", api.LockoutList.as_view(), name="lockouts"),
 ]
 
 urlpatterns = [

@@ -8,7 +8,7 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model, update_session_auth_hash
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import PasswordChangeForm, SetPasswordForm
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.html import escape
@@ -16,14 +16,13 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console import hardware, health, selectors, services
+from console import hardware, health, lockout, selectors, services
 from console.forms import AuditFilterForm, InviteForm, RoleForm, TeamForm, TokenForm, UserForm
 from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 
 LAST_TEAM_SESSION_KEY = "last_team"
-NEW_TOKEN_SESSION_KEY = "new_api_token"  # noqa: S105 - a session key name
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -41,6 +40,11 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def team_create(request: HttpRequest) -> HttpResponse:
+    """A new team; an account that may not create one (PLATFORM_TEAM_CREATION) is told whom
+    to ask (and a POST is refused, 403, by the service)."""
+    allowed = services.team_create_allowed(request.user)
+    if request.method == "POST" and not allowed:
+        raise PermissionDenied
     form = TeamForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -50,7 +54,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, _("Team “%(name)s” created.") % {"name": team.name})
             return redirect("console:dashboard", team=team.slug)
-    return render(request, "console/team_create.html", {"form": form})
+    return render(request, "console/team_create.html", {"form": form, "allowed": allowed})
 
 
 @team_view()
@@ -150,7 +154,7 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
 def audit(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
-    events = selectors.team_audit_events(request.team, **filters)
+    events = selectors.team_audit_events(request.team, viewer=request.user, **filters)
     page, query = paginate(request, events)
     return render(
         request,
@@ -168,6 +172,7 @@ def audit(request: HttpRequest) -> HttpResponse:
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
+    new_key = None
     if request.method == "POST" and form.is_valid():
         try:
             _token, key = services.api_token_create(
@@ -178,16 +183,17 @@ def tokens(request: HttpRequest) -> HttpResponse:
         except ValidationError as exc:
             form.add_error("name", _error_text(exc))
         else:
-            # Post/redirect/get: the key rides in the session to the next page view only.
-            request.session[NEW_TOKEN_SESSION_KEY] = key
-            return redirect("console:tokens")
+            # Shown this once, in this very answer (never cached): only its hash is kept, and
+            # the plain key is stored nowhere on the way (no session, no message).
+            new_key = key
+            form = TokenForm()
     page, query = paginate(request, selectors.user_api_tokens(request.user))
     return render(
         request,
         "console/tokens.html",
         {
             "form": form,
-            "new_key": request.session.pop(NEW_TOKEN_SESSION_KEY, None),
+            "new_key": new_key,
             "tokens": page,
             "query": query,
         },
@@ -207,8 +213,12 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 def password_change(request: HttpRequest) -> HttpResponse:
     form = PasswordChangeForm(request.user, request.POST or None)
     if request.method == "POST" and form.is_valid():
+        # Other sessions and the API tokens end; this session stays.
         services.user_set_password(
-            actor=request.user, user=request.user, password=form.cleaned_data["new_password1"]
+            actor=request.user,
+            user=request.user,
+            password=form.cleaned_data["new_password1"],
+            keep_session=request.session.session_key,
         )
         update_session_auth_hash(request, request.user)
         messages.success(request, _("Your password was changed."))
@@ -244,8 +254,47 @@ def users(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "console/users.html",
-        {"form": form, "users": page, "query": query},
+        {"form": form, "users": page, "query": query, "lockouts": lockout.active_lockouts()},
     )
+
+
+@staff_required
+def lockout_clear(request: HttpRequest) -> HttpResponse:
+    """Lift a login lockout (an account's or an address's); the lockouts are listed on the
+    Accounts page, where a GET goes."""
+    if request.method != "POST":
+        return redirect("console:users")
+    kind, value = request.POST.get("kind", ""), request.POST.get("value", "")
+    try:
+        services.lockout_clear(
+            actor=request.user,
+            username=value if kind == "account" else "",
+            address=value if kind == "address" else "",
+        )
+        messages.success(request, _("“%(value)s” unlocked.") % {"value": value})
+    except ValidationError as exc:
+        messages.error(request, _error_text(exc))
+    return redirect("console:users")
+
+
+@staff_required
+def user_tokens(request: HttpRequest, user_id: int) -> HttpResponse:
+    """Another account's personal API tokens, for site staff to see and revoke."""
+    account = selectors.account_get(user_id)
+    page, query = paginate(request, selectors.user_api_tokens(account))
+    return render(
+        request, "console/user_tokens.html", {"account": account, "tokens": page, "query": query}
+    )
+
+
+@staff_required
+@require_POST
+def user_token_revoke(request: HttpRequest, user_id: int, token_id: int) -> HttpResponse:
+    account = selectors.account_get(user_id)
+    token = selectors.user_api_token_get(account, token_id)
+    services.api_token_revoke(actor=request.user, token=token)
+    messages.success(request, _("Token “%(name)s” revoked.") % {"name": token.name})
+    return redirect("console:user_tokens", user_id=account.pk)
 
 
 @staff_required
@@ -254,9 +303,15 @@ def user_password(request: HttpRequest, user_id: int) -> HttpResponse:
     user = get_object_or_404(get_user_model(), pk=user_id)
     form = SetPasswordForm(user, request.POST)
     if form.is_valid():
+        mine = user.pk == request.user.pk
         services.user_set_password(
-            actor=request.user, user=user, password=form.cleaned_data["new_password1"]
+            actor=request.user,
+            user=user,
+            password=form.cleaned_data["new_password1"],
+            keep_session=request.session.session_key if mine else None,
         )
+        if mine:
+            update_session_auth_hash(request, user)
         messages.success(request, _("Password of “%(username)s” reset.") % {"username": user})
     else:
         messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))

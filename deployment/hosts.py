@@ -1,5 +1,9 @@
-"""The platform's client of a serving host's APIs (``deployment/server/app.py``)."""
+"""The platform's client of a serving host's APIs (``deployment/server/app.py``): the
+management API with the shared secret, the inference API with the platform's own key of each
+endpoint (the secret is no key of the inference API)."""
 
+import hashlib
+import hmac
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +13,23 @@ from django.conf import settings
 
 class HostError(Exception):
     """The host could not be reached or refused a call; the message says which and why."""
+
+
+def platform_key(endpoint: str) -> str:
+    """The platform's own key to ``endpoint`` (the console's try-it box and playground,
+    pre-annotation): derived from SERVING_SECRET, so it is stored nowhere; a host holds only its
+    sha256, as of every key, and it opens no other endpoint."""
+    if not settings.SERVING_SECRET:
+        raise HostError("SERVING_SECRET is not set: the platform cannot call serving hosts")
+    digest = hmac.new(
+        settings.SERVING_SECRET.encode(), b"endpoint-key\0" + endpoint.encode(), hashlib.sha256
+    )
+    return "mpp_" + digest.hexdigest()
+
+
+def platform_key_hash(endpoint: str) -> str:
+    """What a host is told of the platform's key to ``endpoint``."""
+    return hashlib.sha256(platform_key(endpoint).encode()).hexdigest()
 
 
 class HostClient:
@@ -53,15 +74,25 @@ class HostClient:
 
     def predict(self, endpoint: str, body: dict) -> tuple[int, dict]:
         """Call the inference API as the platform (the console's try-it, pre-annotation)."""
-        return self._infer(f"/v1/endpoints/{endpoint}:predict", body)
+        return self._infer(endpoint, f"/v1/endpoints/{endpoint}:predict", body)
 
     def chat(self, body: dict) -> tuple[int, dict]:
         """A chat completion as the platform (pre-annotation drafts), not streamed."""
-        return self._infer("/v1/chat/completions", {**body, "stream": False})
+        return self._infer(body["model"], "/v1/chat/completions", {**body, "stream": False})
 
-    def _infer(self, path: str, body: dict) -> tuple[int, dict]:
+    @staticmethod
+    def _as_platform(endpoint: str) -> dict[str, str]:
+        """The headers of an inference call: the endpoint's platform key, not the secret."""
+        return {"Authorization": f"Bearer {platform_key(endpoint)}"}
+
+    def _infer(self, endpoint: str, path: str, body: dict) -> tuple[int, dict]:
         try:
-            response = self.session.post(self.url + path, json=body, timeout=(3.0, 120.0))
+            response = self.session.post(
+                self.url + path,
+                json=body,
+                headers=self._as_platform(endpoint),
+                timeout=(3.0, 120.0),
+            )
         except requests.RequestException as exc:
             raise HostError(f"{self.url} is unreachable: {type(exc).__name__}") from exc
         try:
@@ -76,6 +107,7 @@ class HostClient:
             response = self.session.post(
                 f"{self.url}/v1/chat/completions",
                 json={**body, "stream": True},
+                headers=self._as_platform(body["model"]),
                 stream=True,
                 timeout=(3.0, 120.0),
             )

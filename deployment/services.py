@@ -26,7 +26,7 @@ from django.utils.translation import gettext as _
 from console.hardware import profile, profiles
 from console.models import Team
 from console.services import audit_record, key_expiry
-from deployment.hosts import HostClient, HostError
+from deployment.hosts import HostClient, HostError, platform_key_hash
 from deployment.models import (
     Endpoint,
     EndpointKey,
@@ -557,7 +557,14 @@ def host_reconcile(host: ServingHost) -> None:
             if k.revoked_at is None  # an expired key too: the host says it expired
         }
         client.route(
-            endpoint.name, {"revisions": table, "keys": keys, "max_inputs": endpoint.max_inputs}
+            endpoint.name,
+            {
+                "revisions": table,
+                "keys": keys,
+                "max_inputs": endpoint.max_inputs,
+                # The platform's own calls (try-it, playground, pre-annotation) use this key.
+                "platform_key": platform_key_hash(endpoint.name),
+            },
         )
     routed = {e.name for e in endpoints}
     for name in set(state["endpoints"]) - routed:

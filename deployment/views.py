@@ -6,8 +6,10 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from console.pagination import paginate
 from console.permissions import team_view
@@ -73,7 +75,10 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
 
 @team_view()
 def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
-    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    return _render_endpoint(request, selectors.endpoint_get(request.team, endpoint_id))
+
+
+def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None) -> HttpResponse:
     # The state from the active revisions; the history (every revision) and the keys a page
     # at a time.
     active = list(selectors.endpoint_revisions(endpoint).filter(status="active"))
@@ -98,7 +103,7 @@ def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
             "url": endpoint.inference_url,
             "keys": keys,
             "keys_query": keys_query,
-            "new_key": request.session.pop("new_endpoint_key", None),
+            "new_key": new_key,
             "key_form": KeyForm(),
             "canary_form": CanaryForm(endpoint=endpoint),
             "can_write": can_write,
@@ -187,9 +192,14 @@ def endpoint_delete(request: HttpRequest, endpoint_id: int) -> HttpResponse:
 
 
 @team_view(write=Perm.DEPLOYMENT_WRITE)
-@require_POST
+@require_http_methods(["GET", "HEAD", "POST"])
 def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    if request.method != "POST":
+        # The page that showed a new key has this address: its links (pagers) come back here.
+        page = reverse("deployment:endpoint", args=[request.team.slug, endpoint.pk])
+        query = request.GET.urlencode()
+        return redirect(f"{page}?{query}" if query else page)
     form = KeyForm(request.POST)
     if not form.is_valid():
         return _form_refused(request, endpoint, form)
@@ -200,10 +210,11 @@ def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, _error_text(exc))
         return _endpoint_page(request, endpoint)
-    # Shown this once: only its hash is kept.
-    messages.success(request, _("Your new API key (copy it now, it is not shown again):"))
-    request.session["new_endpoint_key"] = plain
-    return _endpoint_page(request, endpoint)
+    # Shown this once, in this very answer: only its hash is kept, and the plain key is
+    # stored nowhere on the way (no session, no message, no cache).
+    response = _render_endpoint(request, endpoint, new_key=plain)
+    add_never_cache_headers(response)
+    return response
 
 
 @team_view(write=Perm.DEPLOYMENT_WRITE)

@@ -351,6 +351,8 @@ class LabelingProjectDetail(LabelingProjectAPIView):
                 **LabelingProjectSerializer(project).data,
                 "progress": selectors.labeling_project_progress(project),
                 "agreement": selectors.labeling_project_agreement(project),
+                # Annotations in Label Studio that do not count, and why.
+                "rejected": selectors.labeling_project_rejected(project),
             }
         )
 

@@ -7,3 +7,10 @@ class LabelingConfig(AppConfig):
     verbose_name = _("Datasets and labeling")
     console_nav = [("labeling:datasets", _("Datasets")), ("labeling:projects", _("Labeling"))]
     health_checks = ["labeling.label_studio.check_health"]
+
+    def ready(self) -> None:
+        from console.quotas import storage_counters
+        from labeling import signals  # noqa: F401 - connects the receivers
+        from labeling.selectors import team_upload_bytes
+
+        storage_counters["uploads"] = team_upload_bytes

@@ -1,12 +1,13 @@
-"""The connection to Label Studio: the SDK client, and its health for the dashboard.
+"""The connection to Label Studio: the SDK clients, its health for the dashboard, and the
+annotators' accounts and the login hand-off.
 
-The client is ``label_studio_sdk.client.LabelStudio`` with the platform's personal access
-token; it refreshes the short-lived access token itself.
+``client()`` is ``label_studio_sdk.client.LabelStudio`` with the platform's personal access
+token (it refreshes the short-lived access token itself): health and versions only.
+``client(team)`` is the team's service account in the team's own organisation: every project,
+task, annotation and webhook of the team (``label_studio_admin`` makes the organisation).
 """
 
-import base64
-import hashlib
-import hmac
+import time
 from functools import lru_cache
 
 import httpx
@@ -15,6 +16,7 @@ from django.utils.translation import gettext as _
 from label_studio_sdk.client import LabelStudio
 
 from console.health import Check
+from labeling import label_studio_admin
 
 
 class NotConfigured(RuntimeError):
@@ -41,10 +43,42 @@ def _client(url: str, api_key: str) -> LabelStudio:
     return LabelStudio(base_url=url, api_key=api_key, timeout=30)
 
 
-def client() -> LabelStudio:
+def client(team=None) -> LabelStudio:
+    """The platform's client: with ``team``, as the team's service account, whose every call
+    is scoped to the team's organisation (projects, tasks, webhooks); without, as Label
+    Studio's administrator (health, versions)."""
     if not settings.LABEL_STUDIO_URL:
         raise NotConfigured(_("LABEL_STUDIO_URL is not set."))
-    return _client(settings.LABEL_STUDIO_URL, token())
+    if team is None:
+        return _client(settings.LABEL_STUDIO_URL, token())
+    team_ensure(team)
+    return _client(settings.LABEL_STUDIO_URL, label_studio_admin.team_token(team.pk))
+
+
+_teams_ready: dict[tuple[str, int, str], float] = {}
+TEAM_CHECK_S = 300
+
+
+def team_ensure(team) -> None:
+    """The team's organisation exists and its service account takes the platform's token:
+    checked every few minutes per process (one request); made through Label Studio's Django
+    when not (a new team, a Label Studio started afresh)."""
+    key = (settings.LABEL_STUDIO_URL, team.pk, label_studio_admin.team_token(team.pk))
+    if time.monotonic() - _teams_ready.get(key, -TEAM_CHECK_S) < TEAM_CHECK_S:
+        return
+    response = httpx.get(
+        f"{settings.LABEL_STUDIO_URL}/api/current-user/whoami",
+        headers={"Authorization": f"Token {key[2]}"},
+        timeout=15,
+    )
+    if response.status_code != 200 or response.json().get("email") != (
+        f"team-{team.pk}@{settings.LABEL_STUDIO_ACCOUNT_DOMAIN}"
+    ):
+        try:
+            label_studio_admin.team_ensure(team)
+        except label_studio_admin.AdminError as exc:
+            raise NotConfigured(str(exc)) from exc
+    _teams_ready[key] = time.monotonic()
 
 
 def _waiting() -> str:
@@ -86,10 +120,7 @@ SESSION_COOKIE = "sessionid"  # Label Studio's (Django's default name)
 
 
 def _password(user) -> str:
-    digest = hmac.new(
-        settings.SECRET_KEY.encode(), f"label-studio:{user.pk}".encode(), hashlib.sha256
-    ).digest()
-    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    return label_studio_admin.account_password(user.pk)
 
 
 def _email(user) -> str:
@@ -111,36 +142,87 @@ def _whoami(http: httpx.Client) -> dict | None:
     return response.json() if response.status_code == 200 else None
 
 
-def login_session(user) -> str:
-    """A Label Studio session for ``user``'s account, made on first use through Label Studio's
-    invite sign-up (its user API cannot set a password). An account that exists already (a
-    platform database restored, a Label Studio reused) is logged in to."""
+def labeling_teams(user) -> list:
+    """The teams where ``user`` holds a labeling role: their account's organisations."""
+    from console.models import Team
+    from console.roles import PERMISSIONS, Perm
+
+    if not user.is_active:
+        return []
+    return list(
+        Team.objects.filter(
+            memberships__user=user, memberships__role__in=PERMISSIONS[Perm.ANNOTATE]
+        ).order_by("pk")
+    )
+
+
+def account_sync(user, active_team=None):
+    """Make ``user``'s Label Studio account what their memberships say: a member of the
+    organisations of the teams where they label (working in ``active_team``'s), or revoked
+    (deactivated, tokens deleted, sessions ended) where they label nowhere. Returns the
+    ``LabelStudioAccount`` (None where there is none and nothing to make)."""
+    from labeling.models import LabelStudioAccount
+
+    account = LabelStudioAccount.objects.filter(user=user).first()
+    teams = labeling_teams(user)
+    try:
+        if not teams:
+            if account is not None:
+                label_studio_admin.revoke(account.email)
+                LabelStudioAccount.objects.filter(pk=account.pk).update(active_team=None)
+            return account
+        active = active_team if active_team in teams else (account and account.active_team)
+        active = active if active in teams else teams[0]
+        result = label_studio_admin.member_set(
+            email=_email(user),
+            password=_password(user),
+            name=user.get_username(),
+            teams=teams,
+            active=active,
+        )
+    except label_studio_admin.AdminError as exc:
+        raise NotConfigured(str(exc)) from exc
+    account, _created = LabelStudioAccount.objects.update_or_create(
+        user=user,
+        defaults={
+            "ls_user_id": result["user"],
+            "email": _email(user),
+            "active_team_id": result["active"],
+        },
+    )
+    return account
+
+
+def login_session(user, team) -> str:
+    """A Label Studio session for ``user``'s own account, working in ``team``'s organisation.
+
+    The account is made (and put in the organisations of the teams where the user labels)
+    through Label Studio's Django on first use or when the user changes team; then the platform
+    logs in with the account's password, derived from ``SECRET_KEY`` and never shown."""
     from labeling.models import LabelStudioAccount
 
     email, password = _email(user), _password(user)
+    account = LabelStudioAccount.objects.filter(user=user).first()
+    if account is None or account.active_team_id != team.pk:
+        account = account_sync(user, active_team=team)
     with httpx.Client(base_url=settings.LABEL_STUDIO_URL, timeout=15) as http:
-        account = LabelStudioAccount.objects.filter(user=user).first()
-        if account is None:
-            invite = httpx.get(
-                f"{settings.LABEL_STUDIO_URL}/api/invite",
-                timeout=15,
-                headers=client()._client_wrapper.get_headers(),
-            ).json()
-            _form_post(
-                http,
-                invite["invite_url"],
-                {"email": email, "password": password, "allow_newsletters": "false"},
-            )
+        _form_post(http, "/user/login/", {"email": email, "password": password})
         me = _whoami(http)
         if me is None or me.get("email") != email:
+            # The account changed under the platform (restored, SECRET_KEY changed): set again.
+            account_sync(user, active_team=team)
             http.cookies.clear()
             _form_post(http, "/user/login/", {"email": email, "password": password})
             me = _whoami(http)
         if me is None or me.get("email") != email:
             raise NotConfigured(_("Label Studio refused the login of %(user)s.") % {"user": user})
-        if account is None:
-            client().users.update(id=me["id"], first_name=user.get_username())
-            LabelStudioAccount.objects.update_or_create(
-                user=user, defaults={"ls_user_id": me["id"], "email": email}
-            )
         return http.cookies[SESSION_COOKIE]
+
+
+def sessions_end(user) -> None:
+    """End every Label Studio session of ``user``'s account (the console's logout)."""
+    from labeling.models import LabelStudioAccount
+
+    account = LabelStudioAccount.objects.filter(user=user).first()
+    if account is not None:
+        label_studio_admin.end_sessions(account.email, _password(user))

@@ -246,6 +246,9 @@ class Annotation(models.Model):
     value = models.JSONField(default=dict)
     valid = models.BooleanField(default=True)
     error = models.TextField(blank=True)
+    # Why it does not count although Label Studio has it (its account is no current member of
+    # the team with a labeling role); empty when it counts. Decided again at every sync.
+    rejected = models.CharField(max_length=300, blank=True)
     ls_updated_at = models.DateTimeField(null=True)
     synced_at = models.DateTimeField(default=timezone.now)
 
@@ -269,6 +272,10 @@ class LabelStudioAccount(models.Model):
     )
     ls_user_id = models.PositiveIntegerField(unique=True)
     email = models.CharField(max_length=254, unique=True)
+    # The team whose organisation the account works in (Label Studio's active organisation).
+    active_team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from django.core.files.storage import default_storage
-from django.db.models import Count, Max, QuerySet
+from django.db.models import Count, Max, QuerySet, Sum
 from django.http import Http404
 
 from console.models import Team
@@ -244,9 +244,10 @@ def labeling_project_get(team: Team, project_id: int):
 
 
 def labeling_project_answers(project) -> dict[int, list[tuple[str, dict]]]:
-    """Valid annotations by row: [(annotator, value)]."""
+    """Valid annotations that count (by current labeling members) by row: [(annotator, value)]."""
     answers: dict[int, list[tuple[str, dict]]] = {}
-    for annotation in project.annotations.filter(valid=True).select_related("task"):
+    counted = project.annotations.filter(valid=True, rejected="").select_related("task")
+    for annotation in counted:
         answers.setdefault(annotation.task.row, []).append((annotation.annotator, annotation.value))
     return answers
 
@@ -263,8 +264,18 @@ def labeling_project_progress(project) -> dict:
         "total": project.tasks_total,
         "annotations": sum(per_annotator.values()),
         "invalid": project.annotations.filter(valid=False).count(),
+        "rejected": project.annotations.exclude(rejected="").count(),
         "per_annotator": dict(per_annotator.most_common()),
     }
+
+
+def labeling_project_rejected(project, limit: int = 50) -> list[dict]:
+    """Annotations that Label Studio has but that do not count, with the reason."""
+    rejected = project.annotations.exclude(rejected="").select_related("task").order_by("pk")
+    return [
+        {"row": a.task.row, "annotator": a.annotator, "reason": a.rejected}
+        for a in rejected[:limit]
+    ]
 
 
 def labeling_project_agreement(project) -> dict:
@@ -281,3 +292,9 @@ def rows_by_number(version: DatasetVersion, wanted: set[int]) -> dict[int, dict]
             if number in wanted:
                 rows[number] = json.loads(line)
     return rows
+
+
+def team_upload_bytes(team: Team) -> int:
+    """What the team's uploads take in storage (console.quotas): received bytes of those still
+    coming in (their declared size is checked at creation), and the kept originals."""
+    return Upload.objects.filter(team=team).aggregate(n=Sum("received"))["n"] or 0

@@ -2,6 +2,7 @@
 
 import dataclasses
 import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -27,6 +28,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.models import Team, hash_token
+from console.quotas import team_storage_check
 from console.services import audit_record
 from labeling import consensus, pipeline, selectors
 from labeling.models import (
@@ -197,6 +199,7 @@ def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: i
                 "limit": round(settings.UPLOAD_MAX_BYTES / 2**20),
             }
         )
+    team_storage_check(team, size)
     upload = Upload.objects.create(team=team, created_by=actor, filename=filename, size=size)
     path = staging_path(upload)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,32 +209,77 @@ def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: i
 
 def upload_write_chunk(*, upload: Upload, offset: int, stream: BinaryIO, length: int) -> Upload:
     """Append ``length`` bytes at ``offset``, which must be where the upload stands (as in the
-    tus protocol); any other offset is refused with the offset to resume from."""
-    with transaction.atomic():
-        upload = Upload.objects.select_for_update().get(pk=upload.pk)
-        if upload.status == Upload.Status.COMPLETE:
-            raise UploadOffsetMismatch(upload.received)
-        if offset != upload.received:
+    tus protocol); any other offset is refused with the offset to resume from.
+
+    The body is read outside any database transaction: a slow client must not hold the
+    database's write lock (SQLite's is the whole database's). A lock on the staging file keeps
+    two chunks of one upload apart; the bookkeeping is one short UPDATE."""
+    try:
+        part = open(staging_path(upload), "r+b")  # closed by the `with` below
+    except FileNotFoundError:
+        upload = Upload.objects.filter(pk=upload.pk).first()
+        if upload is not None and upload.status == Upload.Status.COMPLETE:
+            raise UploadOffsetMismatch(upload.received) from None
+        raise ValidationError(_("The upload expired or was deleted: start it again.")) from None
+    with part:
+        try:
+            fcntl.flock(part, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another chunk of this upload is being written: resume where it ends.
+            upload.refresh_from_db()
+            raise UploadOffsetMismatch(upload.received) from None
+        upload = Upload.objects.select_related("team").get(pk=upload.pk)
+        if upload.status == Upload.Status.COMPLETE or offset != upload.received:
             raise UploadOffsetMismatch(upload.received)
         if offset + length > upload.size:
             raise ValidationError(_("The chunk goes past the declared size of the file."))
-        path = staging_path(upload)
+        # The declared size was checked at creation; other uploads may have taken the room since.
+        team_storage_check(upload.team, length)
         written = 0
-        with open(path, "r+b") as part:
-            part.seek(offset)
-            while written < length:
-                block = stream.read(min(1024 * 1024, length - written))
-                if not block:
-                    break
-                part.write(block)
-                written += len(block)
-            # A dropped connection leaves a short chunk: keep what arrived, resume after it.
-            part.truncate(offset + written)
+        part.seek(offset)
+        while written < length:
+            block = stream.read(min(1024 * 1024, length - written))
+            if not block:
+                break
+            part.write(block)
+            written += len(block)
+        # A dropped connection leaves a short chunk: keep what arrived, resume after it.
+        part.truncate(offset + written)
+        part.flush()
+        Upload.objects.filter(pk=upload.pk, received=offset).update(received=offset + written)
         upload.received = offset + written
-        upload.save(update_fields=["received"])
-    if upload.received == upload.size:
-        upload = _upload_complete(upload)
+        if upload.received == upload.size:
+            upload = _upload_complete(upload)
     return upload
+
+
+def uploads_expire() -> int:
+    """Beat: uploads begun more than UPLOAD_EXPIRY_HOURS ago that never completed, or completed
+    and were never imported into a version (nor are being imported), are deleted: their files
+    and rows. Returns how many."""
+    cutoff = timezone.now() - timezone.timedelta(hours=settings.UPLOAD_EXPIRY_HOURS)
+    busy = ImportJob.objects.filter(
+        status__in=(ImportJob.Status.QUEUED, ImportJob.Status.RUNNING), upload__isnull=False
+    ).values("upload_id")
+    originals = DatasetVersion.objects.exclude(original_file="").values("original_file")
+    expired = (
+        Upload.objects.filter(created_at__lt=cutoff)
+        .exclude(pk__in=busy)
+        .exclude(storage_name__in=originals)
+    )
+    count = 0
+    for upload in expired.iterator():
+        # Checked again as it is deleted: an import may have started meanwhile.
+        with transaction.atomic():
+            deleted, _rows = expired.filter(pk=upload.pk).delete()
+        if not deleted:
+            continue
+        staging_path(upload).unlink(missing_ok=True)
+        if upload.storage_name:
+            default_storage.delete(upload.storage_name)
+        count += 1
+        logger.info("upload %s (%s) expired unimported and was deleted", upload.pk, upload.filename)
+    return count
 
 
 def _upload_complete(upload: Upload) -> Upload:
@@ -473,23 +521,30 @@ def _import_succeeded(job: ImportJob, result: pipeline.ImportResult) -> ImportJo
     identical = job.dataset.versions.filter(content_hash=result.content_hash).first()
     if identical is not None:
         return _import_finish(job, ImportJob.Status.SUCCEEDED, identical_to=identical, **done)
+    # Into storage before the version's (short) transaction: a large file moved or sent to S3
+    # must not hold the database's write lock. Nothing names it until the version is made.
+    data_file = _store(
+        result.data_path,
+        f"{_team_prefix(job.dataset.team)}/datasets/{job.dataset_id}/imports/{job.pk}/data.jsonl",
+    )
     for _attempt in range(3):
         try:
-            version = _version_create(job, result, done["report_file"])
+            version = _version_create(job, result, done["report_file"], data_file)
             break
         except IntegrityError:  # another import took the number: take the next
             continue
     else:
+        default_storage.delete(data_file)
         raise RuntimeError("could not number the new version")
     return _import_finish(job, ImportJob.Status.SUCCEEDED, version=version, **done)
 
 
 @transaction.atomic
-def _version_create(job: ImportJob, result: pipeline.ImportResult, report_file: str):
+def _version_create(
+    job: ImportJob, result: pipeline.ImportResult, report_file: str, data_file: str
+):
     dataset = job.dataset
     number = (dataset.versions.aggregate(n=Max("number"))["n"] or 0) + 1
-    prefix = f"{_team_prefix(dataset.team)}/datasets/{dataset.pk}/v{number}"
-    data_file = _store(result.data_path, f"{prefix}/data.jsonl")
     # The report and the original stay where the import and the upload put them (immutable
     # files): a version names them rather than copying them.
     original_file, lineage = "", {}
@@ -635,11 +690,10 @@ def labeling_project_push(project_id: int) -> LabelingProject:
     )
     version = project.source_version
     schema = schema_for(version.dataset.task_kind)
-    ls = client()
+    ls = client(project.team)
     if project.ls_project_id is None:
         created = ls.projects.create(
-            # Label Studio's community edition shows every project to every LS user: the
-            # title names the team, and the platform is the gate.
+            # In the team's own organisation (the team's service account makes it).
             title=f"{project.team.slug} · {project.name} #{project.pk}"[:50],
             description=f"{version.dataset.name} v{version.number}",
             label_config=schema.label_config(project.labels),
@@ -705,11 +759,16 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
     (by their updated_at), and forget deleted ones. Each is checked against the project's
     labels and the row's text; an invalid one is kept with its reason. Safe to run any time:
     webhooks ask for it, and the scheduled reconciliation runs it whatever they say."""
+    from label_studio_sdk.core.api_error import ApiError
+
     from labeling.label_studio import client
 
-    project = LabelingProject.objects.select_related("source_version__dataset").get(pk=project_id)
+    project = LabelingProject.objects.select_related("source_version__dataset", "team").get(
+        pk=project_id
+    )
     if project.ls_project_id is None:
         return {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
+    ls = client(project.team)
     if project.webhook_url != _webhook_url(project):
         # Registered before PLATFORM_URL (or the webhook's route) changed: its calls go nowhere.
         # A hint only: if Label Studio refuses it, the sync goes on and the next one tries again.
@@ -723,7 +782,7 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
     tasks = {t.ls_task_id: t for t in project.tasks.all()}
     known = {a.ls_annotation_id: a for a in project.annotations.all()}
     ls_items = []
-    for ls_task in client().tasks.list(project=project.ls_project_id, fields="all"):
+    for ls_task in ls.tasks.list(project=project.ls_project_id, fields="all"):
         task = tasks.get(ls_task.id)
         if task is None:  # made in Label Studio by hand: not one of ours
             continue
@@ -742,7 +801,10 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
         if not isinstance(user_id, int):
             return ""
         if user_id not in emails:
-            emails[user_id] = client().users.get(id=user_id).email or str(user_id)
+            try:
+                emails[user_id] = ls.users.get(id=user_id).email or str(user_id)
+            except ApiError:  # not in the team's organisation (any more)
+                emails[user_id] = f"Label Studio #{user_id}"
         return emails[user_id]
 
     counts = {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
@@ -795,9 +857,56 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
             by_annotator[known[pk].annotator_ls_id]["deleted"] += 1
             names.setdefault(known[pk].annotator_ls_id, known[pk].annotator)
         counts["deleted"] = project.annotations.filter(ls_annotation_id__in=gone).delete()[0]
+        labeling_project_reject_outsiders(project)
         LabelingProject.objects.filter(pk=project.pk).update(last_synced_at=timezone.now())
         _audit_annotations(project, by_annotator, names)
     return counts
+
+
+def labeling_project_annotators(project: LabelingProject) -> dict[int, str]:
+    """The Label Studio accounts whose annotations count: those of the team's current members
+    with a labeling role (owner, maintainer, annotator) whose user is active, by LS user id."""
+    from console.models import Membership
+    from console.roles import PERMISSIONS, Perm
+
+    members = Membership.objects.filter(
+        team_id=project.team_id, role__in=PERMISSIONS[Perm.ANNOTATE], user__is_active=True
+    ).values_list("user_id", flat=True)
+    return dict(
+        LabelStudioAccount.objects.filter(user_id__in=members).values_list(
+            "ls_user_id", "user__username"
+        )
+    )
+
+
+def labeling_project_reject_outsiders(project: LabelingProject) -> int:
+    """Mark the annotations that do not count, with the reason, and clear the mark of those
+    that count again (a member added back). Decided from the memberships of now, at every sync
+    and before every export. Returns how many do not count."""
+    allowed = list(labeling_project_annotators(project))
+    annotations = project.annotations.all()
+    annotations.filter(annotator_ls_id__in=allowed).exclude(rejected="").update(rejected="")
+    outsiders = annotations.exclude(annotator_ls_id__in=allowed)
+    platform_users = dict(
+        LabelStudioAccount.objects.filter(
+            ls_user_id__in=outsiders.exclude(annotator_ls_id=None).values("annotator_ls_id")
+        ).values_list("ls_user_id", "user__username")
+    )
+    for ls_user_id in set(outsiders.values_list("annotator_ls_id", flat=True)):
+        if ls_user_id in platform_users:
+            reason = _(
+                "%(user)s is not a member of the team with a labeling role (any more): the "
+                "annotation does not count."
+            ) % {"user": platform_users[ls_user_id]}
+        else:
+            reason = _(
+                "Made by a Label Studio account that is no platform member of the team: the "
+                "annotation does not count."
+            )
+        outsiders.filter(annotator_ls_id=ls_user_id).exclude(rejected=reason[:300]).update(
+            rejected=reason[:300]
+        )
+    return outsiders.count()
 
 
 def _audit_annotations(
@@ -839,7 +948,7 @@ def labeling_project_webhook_register(project: LabelingProject) -> None:
     annotation without it."""
     from labeling.label_studio import client
 
-    ls = client()
+    ls = client(project.team)
     for hook in ls.webhooks.list(project=project.ls_project_id):
         if "/hooks/label-studio/" in hook.url:  # the platform's earlier one
             ls.webhooks.delete(id=hook.id)
@@ -872,6 +981,51 @@ def webhook_project(project_id: int, secret: str) -> LabelingProject | None:
     if not hmac.compare_digest(project.webhook_secret_hash, hash_token(secret)):
         return None
     return project
+
+
+# -- Label Studio accounts: who is in which team's organisation ------------------------------
+
+
+def label_studio_account_update(user) -> None:
+    """Bring ``user``'s Label Studio account in line with their memberships now: removed from
+    the organisations of teams where they no longer label; deactivated, its tokens deleted and
+    its sessions ended where they label nowhere or the user is deactivated. Called when a
+    membership or the user changes (``labeling.signals``); the reconciliation is the guarantee."""
+    from labeling.label_studio import account_sync
+
+    if LabelStudioAccount.objects.filter(user=user).exists():
+        account_sync(user)
+
+
+def label_studio_members_converge() -> dict:
+    """The reconciliation of accounts (beat, every minute): every team has its organisation;
+    each platform account is a member of exactly the organisations of the teams where its user
+    labels, or revoked; anybody else (an account signed up through a member's invite link,
+    added by hand) is removed from the teams' organisations, and their invite links reset."""
+    from labeling import label_studio_admin
+    from labeling.label_studio import labeling_teams
+
+    accounts = list(LabelStudioAccount.objects.select_related("user"))
+    wanted = [
+        {
+            "email": a.email,
+            "teams": [t.pk for t in labeling_teams(a.user)],
+            "active": a.active_team_id,
+        }
+        for a in accounts
+    ]
+    result = label_studio_admin.converge(list(Team.objects.order_by("pk")), wanted)
+    for a in accounts:
+        got = result["accounts"].get(a.email)
+        if got is not None and got["active"] != a.active_team_id:
+            LabelStudioAccount.objects.filter(pk=a.pk).update(active_team_id=got["active"])
+    if result["revoked"] or result["removed"]:
+        logger.info(
+            "Label Studio: revoked %s; removed from teams' organisations %s",
+            result["revoked"],
+            result["removed"],
+        )
+    return result
 
 
 def labeling_projects_to_reconcile() -> list[int]:
@@ -936,6 +1090,8 @@ def _labeling_input(job: ImportJob, workdir: Path) -> Path:
     project = LabelingProject.objects.select_related("source_version__dataset").get(
         pk=export["project"]
     )
+    # Who counts is decided by the memberships of now, not of the last sync.
+    labeling_project_reject_outsiders(project)
     answers = selectors.labeling_project_answers(project)
     path = workdir / "labeled-input.jsonl"
     with (
@@ -995,7 +1151,7 @@ def labeling_project_preannotate(
                 "model_version": model_version,
             }
         )
-    ls = client()
+    ls = client(project.team)
     ls.projects.import_predictions(id=project.ls_project_id, request=payload)
     ls.projects.update(
         id=project.ls_project_id, sampling="Uncertainty sampling", model_version=model_version
@@ -1034,7 +1190,7 @@ def labeling_project_set_labels(
     if project.annotations.exists():
         raise ValidationError(_("The labels are fixed once the first annotation exists."))
     if project.ls_project_id is not None:
-        ls = client()
+        ls = client(project.team)
         if ls.projects.get(id=project.ls_project_id).total_annotations_number:
             raise ValidationError(_("The labels are fixed once the first annotation exists."))
         schema = schema_for(project.source_version.dataset.task_kind)

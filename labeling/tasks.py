@@ -1,9 +1,13 @@
+import logging
+
 import httpx
 from celery import shared_task
 from label_studio_sdk.core.api_error import ApiError
 
 from labeling import services
 from labeling.label_studio import NotConfigured
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task
@@ -48,10 +52,36 @@ def sync_labeling_project(project_id: int) -> None:
 
 
 @shared_task
+def update_label_studio_account(user_id: int) -> None:
+    """A membership or the user changed: their Label Studio account follows at once."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(pk=user_id).first()
+    if user is not None:
+        services.label_studio_account_update(user)
+
+
+@shared_task
 def reconcile_labeling_projects() -> None:
-    """Scheduled by beat: sync every ready project, so a missed webhook loses nothing, and push
-    again the projects whose push gave up while Label Studio was down."""
+    """Scheduled by beat: Label Studio's organisations and accounts brought in line with the
+    teams' memberships (removed and deactivated members lose their access here at the latest),
+    then every ready project synced, so a missed webhook loses nothing, and the projects whose
+    push gave up while Label Studio was down pushed again."""
+    from django.conf import settings
+
+    if settings.LABEL_STUDIO_URL:
+        try:
+            services.label_studio_members_converge()
+        except Exception:  # Label Studio away: the next run converges; the syncs still filter
+            logger.exception("Label Studio accounts not reconciled")
     for project_id in services.labeling_projects_to_reconcile():
         sync_labeling_project.delay(project_id)
     for project_id in services.labeling_projects_to_push():
         push_labeling_project.delay(project_id)
+
+
+@shared_task
+def expire_uploads() -> int:
+    """Scheduled by beat: uploads abandoned (never completed, or never imported) for
+    UPLOAD_EXPIRY_HOURS are deleted, files and rows."""
+    return services.uploads_expire()

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 
 from console.pagination import paginate
 from console.permissions import team_view
+from console.quotas import team_storage_quota, team_storage_used
 from console.roles import Perm, role_allows
 from labeling import exports, label_studio, selectors, services
 from labeling.forms import (
@@ -75,6 +76,10 @@ def datasets(request: HttpRequest) -> HttpResponse:
             "query": query,
             "form": form,
             "can_write": _can_write(request),
+            "storage": {
+                "used": team_storage_used(request.team),
+                "quota": team_storage_quota(request.team),
+            },
         },
     )
 
@@ -276,7 +281,7 @@ def project_open(request: HttpRequest, project_id: int) -> HttpResponse:
     if p.ls_project_id is None:
         raise Http404("The project is not in Label Studio yet.")
     try:
-        session = label_studio.login_session(request.user)
+        session = label_studio.login_session(request.user, request.team)
     except (label_studio.NotConfigured, httpx.HTTPError) as exc:
         messages.error(request, _("Label Studio is not reachable: %(error)s") % {"error": exc})
         return redirect("labeling:project", team=request.team.slug, project_id=p.pk)
@@ -353,6 +358,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
             "progress": selectors.labeling_project_progress(p),
             "agreement": selectors.labeling_project_agreement(p) if p.overlap > 1 else None,
             "invalid": p.annotations.filter(valid=False).select_related("task")[:50],
+            "rejected": selectors.labeling_project_rejected(p),
             "ls_url": f"{settings.LABEL_STUDIO_URL}/projects/{p.ls_project_id}/data"
             if p.ls_project_id
             else "",

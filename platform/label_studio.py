@@ -10,7 +10,14 @@ Label Studio pins its own Django, so it never shares the platform's venv: its ex
 ``.venv-labelstudio/bin/label-studio`` (``LABEL_STUDIO_BIN`` to override). Facts of 1.23.2:
 ``--internal-host`` is the bind address (``--host`` only sets the public URL); the data
 directory comes from ``LABEL_STUDIO_BASE_DATA_DIR``; the callouts (version check, Sentry,
-analytics) are switched off here; webhooks to loopback need ``USE_DEFAULT_BANNED_SUBNETS=false``.
+analytics) are switched off here.
+
+Label Studio runs with the platform's settings module, ``platform_ls.settings`` (in
+``platform/label_studio_ext/``): a project is reachable by its organisation's members only, the
+private-address guard is on for every account except towards the platform's own webhook
+receiver (``PLATFORM_WEBHOOK_HOSTS``, the host of ``PLATFORM_URL`` by default), and nobody signs
+up without an invite link. ``python -m platform_ls.manage``, run with the same environment
+(``admin_env``), is how the platform creates a team's organisation and moves accounts.
 """
 
 import argparse
@@ -40,22 +47,46 @@ def binary() -> str:
     return path
 
 
-def server_env(data_dir: Path, password: str) -> dict:
+EXTENSION_DIR = ROOT / "platform" / "label_studio_ext"
+
+
+def admin_env(data_dir: Path, environ: dict | None = None) -> dict:
+    """Label Studio's environment without the admin's credentials: for the server and for
+    ``python -m platform_ls.manage`` alike."""
+    environ = dict(os.environ if environ is None else environ)
+    platform_url = environ.get("PLATFORM_URL", "http://127.0.0.1:8000")
     env = {
-        **os.environ,
+        **environ,
         "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
-        "LABEL_STUDIO_USERNAME": ADMIN_EMAIL,
-        "LABEL_STUDIO_PASSWORD": password,
+        "DJANGO_SETTINGS_MODULE": "platform_ls.settings",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(EXTENSION_DIR), environ.get("PYTHONPATH", "")) if p
+        ),
+        # Host names, not resolved by a DNS an attacker could answer: loopback's own names.
+        "PLATFORM_WEBHOOK_HOSTS": environ.get("PLATFORM_WEBHOOK_HOSTS")
+        or ",".join(
+            dict.fromkeys(
+                [urllib.parse.urlsplit(platform_url).hostname or "", "127.0.0.1", "localhost"]
+            )
+        ).strip(","),
+        "DISABLE_SIGNUP_WITHOUT_LINK": "true",
         "LATEST_VERSION_CHECK": "false",
         "SENTRY_DSN": "",
         "FRONTEND_SENTRY_DSN": "",
         "COLLECT_ANALYTICS": "false",
-        "USE_DEFAULT_BANNED_SUBNETS": "false",
     }
-    # Its own Django settings and database, not the platform's.
-    for name in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY", "DEBUG"):
+    # Its own database and secret, not the platform's; the guard is not for switching off.
+    for name in ("DATABASE_URL", "SECRET_KEY", "DEBUG", "USE_DEFAULT_BANNED_SUBNETS"):
         env.pop(name, None)
     return env
+
+
+def server_env(data_dir: Path, password: str) -> dict:
+    return {
+        **admin_env(data_dir),
+        "LABEL_STUDIO_USERNAME": ADMIN_EMAIL,
+        "LABEL_STUDIO_PASSWORD": password,
+    }
 
 
 def start(port: int, data_dir: Path, password: str, log) -> subprocess.Popen:
@@ -188,7 +219,13 @@ def run(command: list[str]) -> int:
                     f"Label Studio for this run at {url} (up in {time.monotonic() - began:.0f} s)",
                     file=sys.stderr,
                 )
-                env = {**os.environ, "LABEL_STUDIO_URL": url, "LABEL_STUDIO_TOKEN": token}
+                env = {
+                    **os.environ,
+                    "LABEL_STUDIO_URL": url,
+                    "LABEL_STUDIO_TOKEN": token,
+                    # Where the platform runs platform_ls.manage for this Label Studio.
+                    "LABEL_STUDIO_DATA_DIR": str(data_dir),
+                }
                 return subprocess.call(command, env=env)
             finally:
                 proc.terminate()

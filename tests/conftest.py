@@ -218,19 +218,25 @@ class SmallDisk:
 
 
 @pytest.fixture
-def small_disk(tmp_path) -> Iterator[SmallDisk]:
-    """Needs root (mount), as CI has; elsewhere the test is skipped and says why."""
-    path = tmp_path / "small-disk"
-    path.mkdir()
+def small_disk() -> Iterator[SmallDisk]:
+    """Needs root (mount), as CI has; elsewhere the test is skipped and says why. Not under
+    pytest's tmp_path (0700): job runners, as PLATFORM_RUNNER_USER, work on it."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="small-disk-"))
+    path.chmod(0o711)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True
     )
     if mounted.returncode != 0:
+        path.rmdir()
         if os.environ.get("CI"):
             pytest.fail(f"CI=true and a tmpfs cannot be mounted: {mounted.stderr!r}")
         pytest.skip(f"a full disk is simulated with a tmpfs, which needs root: {mounted.stderr!r}")
     yield SmallDisk(path)
     subprocess.run(["umount", "-l", str(path)], check=False)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_report_header(config) -> list[str]:

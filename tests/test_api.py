@@ -27,7 +27,8 @@ def test_api_docs_page_serves_its_own_assets(client, owner):
     assert "cdn" not in page.lower() and "https://" not in page
 
 
-def test_team_and_members_through_the_api(owner, make_user):
+def test_team_and_members_through_the_api(owner, make_user, settings):
+    settings.PLATFORM_TEAM_CREATION = "any"
     make_user("sun")
     api = api_for(owner)
     created = api.post("/api/v1/teams/", {"name": "NLP"}, format="json")

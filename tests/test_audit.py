@@ -29,7 +29,7 @@ def test_login_and_failed_login_are_recorded_with_the_address(client, owner, tea
 def test_owner_sees_team_events_and_members_personal_ones(
     client, owner, team, make_user, make_team
 ):
-    stranger = make_user("stranger")
+    stranger = make_user("stranger", is_staff=True)  # who may create teams
     make_team("Elsewhere", {stranger: Role.OWNER})
     services.api_token_create(actor=stranger, name="not-yours")
     services.api_token_create(actor=owner, name="mine")

@@ -162,7 +162,8 @@ def test_systemd_unit_runs_the_procfile_command(name):
     assert values(sections, "Service", "WorkingDirectory") == [INSTALL_DIR]
     assert values(sections, "Service", "EnvironmentFile") == [ENV_FILE]
     (user,) = values(sections, "Service", "User")
-    assert user and user != "root"
+    # Root only where it starts sandboxed processes as PLATFORM_RUNNER_USER (see below).
+    assert user and (user != "root" or name in SWITCHES_USER)
     assert values(sections, "Service", "Restart") == ["on-failure"]
     assert values(sections, "Service", "KillMode") in (["mixed"], ["control-group"])
     assert "platform.target" in values(sections, "Install", "WantedBy")
@@ -173,6 +174,60 @@ def test_systemd_unit_runs_the_procfile_command(name):
         assert variable in defaults, f"{path.name}: ${{{variable}}} has no Environment= default"
     for m in re.finditer(r"\$\{(\w+):-([^}]*)\}", procfile()[name]):
         assert defaults.get(m[1]) == m[2], f"{path.name}: {m[1]} defaults to {m[2]!r} there"
+
+
+# The processes that start sandboxed children (runners, predictors) as PLATFORM_RUNNER_USER.
+SWITCHES_USER = {"train", "serve"}
+# All that they may keep of root's capabilities (training/sandbox.py says why).
+SWITCH_CAPABILITIES = {"SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "DAC_READ_SEARCH"}
+SWITCH_CAPABILITIES |= {"KILL"}
+
+
+@pytest.mark.parametrize("name", managed_processes())
+def test_systemd_units_are_hardened(name):
+    sections = unit(SYSTEMD / f"platform-{name}.service")
+    service = dict(sections["Service"])
+    for key, value in {
+        "NoNewPrivileges": "yes",
+        "PrivateTmp": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectControlGroups": "yes",
+        "RestrictSUIDSGID": "yes",
+    }.items():
+        assert service.get(key) == value, f"platform-{name}.service: {key}={service.get(key)}"
+    assert "/var/lib/model-platform" in values(sections, "Service", "ReadWritePaths")
+    (caps,) = values(sections, "Service", "CapabilityBoundingSet")
+    kept = {c.removeprefix("CAP_") for c in caps.split()}
+    if service["User"] == "root":
+        assert name in SWITCHES_USER and kept and kept <= SWITCH_CAPABILITIES, (name, kept)
+        assert service.get("Group") not in (None, "root")
+    else:
+        assert kept == set(), f"platform-{name}.service keeps capabilities {kept}"
+
+
+def test_k8s_pods_are_hardened():
+    for deployment in of_kind("Deployment"):
+        name = deployment["metadata"]["name"]
+        pod = deployment["spec"]["template"]["spec"]
+        switches = name.split("-")[0] in SWITCHES_USER
+        for container in pod_containers(deployment):
+            where = f"{name}/{container['name']}"
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["capabilities"]["drop"] == ["ALL"], where
+            added = set(context["capabilities"].get("add", []))
+            if switches:
+                assert added <= SWITCH_CAPABILITIES, where
+                assert pod["securityContext"]["runAsGroup"] != 0, where
+            else:
+                assert not added, where
+                assert context["readOnlyRootFilesystem"] is True, where
+                assert pod["securityContext"]["runAsNonRoot"] is True, where
+                mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+                assert "/tmp" in mounts, f"{where}: a read-only root needs a /tmp volume"  # noqa: S108
 
 
 def test_the_train_unit_gives_jobs_back_on_stop():

@@ -103,7 +103,7 @@ def manage(env: dict, *args: str) -> str:
 SETUP = """
 from django.contrib.auth import get_user_model
 from console import services
-user = get_user_model().objects.create_user("pg-owner", password="pw-Secret-123")
+user = get_user_model().objects.create_user("pg-owner", password="pw-Secret-123", is_staff=True)
 team = services.team_create(actor=user, name="PG")
 print(team.slug, services.api_token_create(actor=user, name="load")[1])
 """

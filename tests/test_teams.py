@@ -21,14 +21,16 @@ def actions(team=None) -> list[str]:
     return list(events.values_list("action", flat=True))
 
 
-def test_team_create_makes_the_creator_owner(owner):
+def test_team_create_makes_the_creator_owner(owner, settings):
+    settings.PLATFORM_TEAM_CREATION = "any"
     team = services.team_create(actor=owner, name="Risk Models")
     assert team.slug == "risk-models"
     assert Membership.objects.get(team=team, user=owner).role == Role.OWNER
     assert actions(team) == ["team.create"]
 
 
-def test_team_slugs_stay_unique_and_chinese_names_work(owner):
+def test_team_slugs_stay_unique_and_chinese_names_work(owner, settings):
+    settings.PLATFORM_TEAM_CREATION = "any"
     a = services.team_create(actor=owner, name="风控模型组")
     b = services.team_create(actor=owner, name="风控模型组")
     assert a.slug != b.slug and a.name == b.name == "风控模型组"
@@ -114,7 +116,8 @@ def test_a_user_in_several_teams_sees_and_switches_between_them(client, owner, t
     assert client.get(reverse("console:home"))["Location"] == f"/t/{second.slug}/"
 
 
-def test_a_user_without_team_is_asked_to_create_one(client, make_user):
+def test_a_user_without_team_is_asked_to_create_one(client, make_user, settings):
+    settings.PLATFORM_TEAM_CREATION = "any"
     client.force_login(make_user("new"))
     assert client.get(reverse("console:home"))["Location"] == reverse("console:team_create")
     response = client.post(reverse("console:team_create"), {"name": "Gamma"})

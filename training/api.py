@@ -21,6 +21,7 @@ from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,
     BaseModelSerializer,
+    BaseModelShareSerializer,
     JobCloneSerializer,
     JobEventsSerializer,
     JobSerializer,
@@ -77,6 +78,21 @@ class BaseModelDetail(TrainingAPIView):
     @extend_schema(responses=BaseModelSerializer)
     def get(self, request: Request, team: str, base_model_id: int) -> Response:
         model = selectors.base_model_get(request.team, base_model_id)
+        return Response(BaseModelSerializer(model).data)
+
+    @extend_schema(request=BaseModelShareSerializer, responses=BaseModelSerializer)
+    def patch(self, request: Request, team: str, base_model_id: int) -> Response:
+        """Site staff: share the model with every team of the site, or take it back."""
+        model = selectors.base_model_get(request.team, base_model_id)
+        serializer = BaseModelShareSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        model = service_call(
+            services.base_model_set_shared,
+            actor=request.user,
+            team=request.team,
+            model=model,
+            shared=serializer.validated_data["shared"],
+        )
         return Response(BaseModelSerializer(model).data)
 
 

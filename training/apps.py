@@ -10,3 +10,10 @@ class TrainingConfig(AppConfig):
         ("training:models", _("Models")),
         ("training:base_models", _("Base models")),
     ]
+
+    def ready(self) -> None:
+        from console.quotas import storage_counters
+        from training.selectors import team_base_model_bytes, team_model_version_bytes
+
+        storage_counters["base_models"] = team_base_model_bytes
+        storage_counters["model_versions"] = team_model_version_bytes

@@ -10,6 +10,8 @@ chat template comes from ``chat_template.jinja``, ``chat_template.json`` or
 """
 
 import json
+import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,183 @@ PRESET_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"
 
 class ChatTemplateError(ValueError):
     pass
+
+
+# What one rendering of a chat template may do (a model's template is an uploaded file): loop
+# iterations and calls, range() sizes, lengths of strings made by `*` and of the output. A
+# template over any of them is stopped with ChatTemplateError, within a fraction of a second.
+TEMPLATE_MAX_STEPS = 100_000
+TEMPLATE_MAX_RANGE = 10_000
+TEMPLATE_MAX_OUTPUT = 1_000_000  # characters
+_budget: ContextVar[list[int]] = ContextVar("chat_template_budget")
+
+
+class ChatTemplateTooCostly(ChatTemplateError):
+    """A template stopped for going over the bounds of one rendering."""
+
+
+def _over(what: str, limit: int) -> ChatTemplateError:
+    return ChatTemplateTooCostly(
+        f"the chat template was stopped: it went over {limit:,} {what} in one rendering "
+        "(a chat template renders a conversation in bounded work)"
+    )
+
+
+def _step(n: int = 1) -> None:
+    budget = _budget.get()
+    budget[0] += n
+    if budget[0] > TEMPLATE_MAX_STEPS:
+        raise _over("loop iterations and calls", TEMPLATE_MAX_STEPS)
+
+
+def _counted_output(value):
+    """Jinja's ``finalize``: every ``{{ … }}`` counts towards the output's bound, also where
+    its text is captured (``{% set x %}…{% endset %}``, macros) rather than written out."""
+    budget = _budget.get()
+    budget[1] += len(str(value)) if value is not None else 0
+    if budget[1] > TEMPLATE_MAX_OUTPUT:
+        raise _over("characters of output", TEMPLATE_MAX_OUTPUT)
+    return value
+
+
+def _bounded(iterable):
+    """Every loop of a template iterates through this (the template's syntax tree is rewritten
+    so): one step per item."""
+    for item in iterable:
+        _step()
+        yield item
+
+
+def _bounded_range(*args: int) -> range:
+    r = range(*args)
+    if len(r) > TEMPLATE_MAX_RANGE:
+        raise _over("items in a range()", TEMPLATE_MAX_RANGE)
+    return r
+
+
+def _check_size(value):
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > TEMPLATE_MAX_OUTPUT:
+        raise _over("characters (a number given as a size)", TEMPLATE_MAX_OUTPUT)
+    return value
+
+
+def _check_format(value):
+    """A format string may not ask for a width or precision of millions ("%999999999d")."""
+    if isinstance(value, str) and _HUGE_NUMBER.search(value):
+        raise _over("characters (a width in a format string)", TEMPLATE_MAX_OUTPUT)
+    return value
+
+
+_HUGE_NUMBER = re.compile(r"\d{7,}")
+
+
+def _check_length(value):
+    if isinstance(value, str | list | tuple) and len(value) > TEMPLATE_MAX_OUTPUT:
+        raise _over("characters or items in one value", TEMPLATE_MAX_OUTPUT)
+    return value
+
+
+def _bounded_concat(*parts) -> str:
+    """The template's ``~``: its parts joined, within the output's bound."""
+    return _check_length("".join(str(p) for p in parts))
+
+
+def bounded_environment():
+    """Jinja's immutable sandbox, with the bounds above."""
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.visitor import NodeTransformer
+
+    class Bound(NodeTransformer):
+        """Every loop iterates through ``_bounded``; every ``~`` is ``_bounded_concat``."""
+
+        def visit_For(self, node):
+            self.generic_visit(node)
+            name = nodes.Name("__bounded_loop", "load")
+            node.iter = nodes.Call(name, [node.iter], [], None, None)
+            return node
+
+        def visit_Concat(self, node):
+            self.generic_visit(node)
+            name = nodes.Name("__bounded_concat", "load")
+            return nodes.Call(name, node.nodes, [], None, None, lineno=node.lineno)
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, int) and right > 64:
+                raise _over("for an exponent", 64)
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, str | list | tuple) and isinstance(n, int):
+                        if len(seq) * n > TEMPLATE_MAX_OUTPUT:
+                            raise _over("characters or items made by `*`", TEMPLATE_MAX_OUTPUT)
+            if operator == "%":
+                _check_format(left)
+            return _check_length(super().call_binop(context, operator, left, right))
+
+        def call(__self, __context, __obj, *args, **kwargs):
+            _step()
+            for value in (*args, *kwargs.values()):
+                _check_size(value)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):
+            if isinstance(getattr(value, "__self__", None), str):
+                _check_format(value.__self__)  # "{:>999999999}".format(…)
+            return super().wrap_str_format(value)
+
+        def _parse(self, source, name, filename):
+            return Bound().visit(super()._parse(source, name, filename))
+
+    env = Bounded(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols"],
+        finalize=_counted_output,
+    )
+    env.globals["range"] = _bounded_range
+    env.globals["__bounded_loop"] = _bounded
+    env.globals["__bounded_concat"] = _bounded_concat
+    # Filters take sizes too ("x"|center(10**9)): a size over the output's bound is refused.
+    for name, function in list(env.filters.items()):
+        env.filters[name] = _sized(function, check_value=name == "format")
+    return env
+
+
+def _sized(function, check_value: bool = False):
+    import functools
+
+    # A filter marked to take Jinja's context (or environment) takes it first, then the value.
+    skip = 2 if hasattr(function, "jinja_pass_arg") else 1
+
+    @functools.wraps(function)  # keeps the mark
+    def wrapper(*args, **kwargs):
+        if check_value:
+            _check_format(args[skip - 1])
+        for value in (*args[skip:], *kwargs.values()):
+            _check_size(value)
+        return _check_length(function(*args, **kwargs))
+
+    return wrapper
+
+
+def render_bounded(template, **variables) -> str:
+    """``template`` (compiled by ``bounded_environment``) rendered within the bounds."""
+    token = _budget.set([0, 0])
+    try:
+        out, size = [], 0
+        for chunk in template.generate(**variables):
+            size += len(chunk)
+            if size > TEMPLATE_MAX_OUTPUT:
+                raise _over("characters of output", TEMPLATE_MAX_OUTPUT)
+            out.append(chunk)
+        return "".join(out)
+    except RecursionError:
+        raise ChatTemplateTooCostly("the chat template was stopped: it recursed too deep") from None
+    finally:
+        _budget.reset(token)
 
 
 def _token_text(value) -> str | None:
@@ -76,17 +255,9 @@ class ChatTokenizer:
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         """The conversation as the model's own chat template writes it."""
         if self._compiled is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message):
-                raise ChatTemplateError(f"the chat template refused: {message}")
-
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-            )
-            env.globals["raise_exception"] = raise_exception
-            self._compiled = env.from_string(self.template)
-        return self._compiled.render(
+            self._compiled = compile_template(self.template)
+        return render_bounded(
+            self._compiled,
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
@@ -102,6 +273,37 @@ class ChatTokenizer:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """A conversation up to the assistant's turn that is to be generated."""
         return self.encode(self.render(messages, add_generation_prompt=True))
+
+
+def compile_template(source: str):
+    """A chat template compiled in the bounded sandbox, with the helpers templates call."""
+
+    def raise_exception(message):
+        raise ChatTemplateError(f"the chat template refused: {message}")
+
+    env = bounded_environment()
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
+def check_template(directory: Path) -> None:
+    """Raise ChatTemplateTooCostly if the model's chat template does not render a short
+    conversation within the bounds (at import: before any job or endpoint renders it). A
+    template that refuses the sample for its own reasons (raise_exception) is not judged."""
+    from jinja2 import TemplateError
+
+    config_path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text("utf-8")) if config_path.exists() else {}
+    template = compile_template(_read_template(Path(directory), config))
+    sample = [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好！"}]
+    try:
+        render_bounded(
+            template, messages=sample, add_generation_prompt=True, bos_token="", eos_token=""
+        )
+    except ChatTemplateTooCostly:
+        raise
+    except (ChatTemplateError, TemplateError, TypeError, ValueError):
+        pass
 
 
 def _read_template(directory: Path, config: dict) -> str:

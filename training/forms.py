@@ -25,6 +25,12 @@ class JobForm(forms.Form):
     priority = forms.TypedChoiceField(
         choices=TrainingJob.Priority.choices, coerce=int, initial=5, label=_("Priority")
     )
+    max_hours = forms.FloatField(
+        min_value=0.001,
+        required=False,
+        label=_("Maximum hours"),
+        help_text=_("Empty: the site's limit (TRAINING_MAX_HOURS)."),
+    )
     name = forms.CharField(max_length=100, required=False, label=_("Name"))
     epochs = forms.IntegerField(min_value=1, required=False, label=_("Epochs"))
     batch_size = forms.IntegerField(min_value=1, required=False, label=_("Batch size"))
@@ -97,8 +103,17 @@ class JobForm(forms.Form):
         "dropout",
     )
 
-    def __init__(self, *args, team, base_models, **kwargs) -> None:
+    def __init__(self, *args, team, base_models, top_priority: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if not top_priority:  # the team's owners and site staff only
+            self.fields["priority"].choices = [
+                c for c in TrainingJob.Priority.choices if c[0] != TrainingJob.Priority.TOP
+            ]
+        # A job by name takes the team's own model first: a shared one it shadows is not offered.
+        own = {(m.name, m.backend) for m in base_models if m.team_id is not None}
+        base_models = [
+            m for m in base_models if m.team_id is not None or (m.name, m.backend) not in own
+        ]
         self.fields["dataset_version"].queryset = (
             DatasetVersion.objects.filter(
                 dataset__team=team, dataset__task_kind__in=[*HEADS, *OBJECTIVES]
@@ -112,7 +127,15 @@ class JobForm(forms.Form):
             (_("Presets of large models"), [(f"preset:{p}", p) for p in LLM_PRESETS]),
             (
                 _("Imported base models"),
-                [(f"base:{m.name}", f"{m.name} ({m.backend})") for m in base_models],
+                [
+                    (
+                        f"base:{m.name}",
+                        f"{m.name} ({m.backend}, "
+                        + str(_("this team") if m.team_id else _("shared site-wide"))
+                        + ")",
+                    )
+                    for m in base_models
+                ],
             ),
         ]
 
@@ -123,6 +146,7 @@ class JobForm(forms.Form):
         "device_type",
         "device_count",
         "priority",
+        "max_hours",
         "name",
     )
 
@@ -155,6 +179,7 @@ class JobForm(forms.Form):
             "device_type": data["device_type"],
             "device_count": data["device_count"],
             "priority": data["priority"],
+            "max_hours": data.get("max_hours"),
             "name": data["name"],
             "hyperparameters": hyperparameters,
         }
@@ -169,7 +194,16 @@ class BaseModelImportForm(forms.Form):
         help_text=_("Relative to the import directory."),
     )
     archive = forms.FileField(required=False, label=_("Or upload an archive (.tar.gz, .zip)"))
-    shared = forms.BooleanField(required=False, label=_("Share with every team of this site"))
+    shared = forms.BooleanField(
+        required=False,
+        label=_("Share with every team of this site"),
+        help_text=_("Site staff only. A team's own model of the same name still comes first."),
+    )
+
+    def __init__(self, *args, can_share: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if not can_share:
+            del self.fields["shared"]
 
 
 class ModelImportForm(forms.Form):

@@ -17,6 +17,7 @@ import numpy as np
 
 from training.chat import ChatTokenizer
 from training.inference import read_manifest
+from training.weights import refuse_pickles
 
 RUNTIMES = ("paddle_generate", "torch_generate")
 
@@ -182,9 +183,10 @@ class TorchLM:
         import torch
         from transformers import AutoModelForCausalLM
 
+        refuse_pickles(export_dir)
         target = torch.device("cuda" if device.startswith("gpu") else "cpu")
         model = AutoModelForCausalLM.from_pretrained(
-            str(export_dir), torch_dtype=torch.float32, local_files_only=True
+            str(export_dir), torch_dtype=torch.float32, local_files_only=True, use_safetensors=True
         ).to(target)
         return cls(model, target)
 
@@ -223,7 +225,12 @@ class PaddleLM:
 
         logger.set_level("WARNING")
         paddle.set_device("gpu:0" if device.startswith("gpu") else "cpu")
-        return cls(AutoModelForCausalLM.from_pretrained(str(export_dir), dtype="float32"))
+        refuse_pickles(export_dir)
+        # Safetensors only: a pickled model_state.pdparams is never loaded (it could run code).
+        model = AutoModelForCausalLM.from_pretrained(
+            str(export_dir), dtype="float32", use_safetensors=True
+        )
+        return cls(model)
 
     def forward(self, ids, mask, positions, cache):
         paddle = self.paddle

@@ -9,7 +9,7 @@ input names and the sha256 of every file; loading refuses a file whose hash diff
 import hashlib
 import json
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -41,11 +41,36 @@ def write_manifest(out_dir: Path, **fields) -> dict:
     return manifest
 
 
+# Manifest fields that name a file or folder of the export.
+PATH_FIELDS = ("model_file", "params_file", "config_file", "adapter_dir")
+
+
+def check_manifest_paths(manifest: dict) -> None:
+    """Refuse a manifest (one imported from another site, say) that names a path outside its
+    export: absolute, with ``..``, or not a plain relative name."""
+    names = list(manifest.get("files") or {})
+    names += [manifest[k] for k in PATH_FIELDS if manifest.get(k)]
+    tokenizer = manifest.get("tokenizer") or {}
+    names += [tokenizer[k] for k in ("vocab", "file") if tokenizer.get(k)]
+    for name in names:
+        path = PurePosixPath(name) if isinstance(name, str) else None
+        if (
+            path is None
+            or not path.parts
+            or path.is_absolute()
+            or ".." in path.parts
+            or "\\" in name
+            or ":" in path.parts[0]
+        ):
+            raise ValueError(f"the manifest names a path outside the model: {name!r}")
+
+
 def read_manifest(export_dir: Path, verify: bool = True) -> dict:
     path = export_dir / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: not an exported model")
     manifest = json.loads(path.read_text("utf-8"))
+    check_manifest_paths(manifest)
     if verify:
         for name, digest in manifest["files"].items():
             f = export_dir / name

@@ -9,8 +9,10 @@ of each epoch are shuffled by ``seed + epoch``, so the skipped ones are exactly 
 trained on.
 """
 
+import errno
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -73,16 +75,24 @@ def _write_dir(target: Path, write) -> None:
     """Replace ``target`` by what ``write(tmp)`` writes: a kill never leaves half a directory."""
     tmp = target.with_name(target.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
+    from safetensors import SafetensorError
+
     try:
         tmp.mkdir(parents=True)
         write(tmp)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:
         # A full or read-only disk: the earlier copy stays whole, and the half-written one
-        # gives its space back.
+        # gives its space back. safetensors reports the disk's error in its own exception.
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            code, reason = exc.errno, exc.strerror
+        elif "No space left" in str(exc):
+            code, reason = errno.ENOSPC, os.strerror(errno.ENOSPC)
+        else:
+            code, reason = errno.EIO, str(exc)
         raise OSError(
-            exc.errno,
-            f"could not write the {target.name} in {target.parent} ({exc.strerror}); "
+            code,
+            f"could not write the {target.name} in {target.parent} ({reason}); "
             f"the previous {target.name} is intact",
         ) from exc
     old = target.with_name(target.name + ".old")

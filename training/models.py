@@ -58,8 +58,10 @@ class TrainingJob(models.Model):
         CANCELLED = "cancelled", _("cancelled")
 
     class Priority(models.IntegerChoices):
-        # Celery's priority on Redis: 0 is served first.
-        HIGH = 0, _("high")
+        # Celery's priority on Redis: 0 is served first. Top is for the team's owners and site
+        # staff (training_job_submit); maintainers choose high at most.
+        TOP = 0, _("top")
+        HIGH = 2, _("high")
         NORMAL = 5, _("normal")
         LOW = 9, _("low")
 
@@ -83,6 +85,9 @@ class TrainingJob(models.Model):
     priority = models.PositiveSmallIntegerField(
         _("priority"), choices=Priority.choices, default=Priority.NORMAL
     )
+    # The longest the job may run (from its start), at most TRAINING_MAX_HOURS; its worker stops
+    # and fails it past that. Empty (jobs from before the limit): TRAINING_MAX_HOURS.
+    max_hours = models.FloatField(_("maximum hours"), null=True, blank=True)
     # The job this one retries or clones.
     origin = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="descendants"

@@ -58,3 +58,16 @@ def model_versions_get(team: Team, ids: list[int]) -> list[ModelVersion]:
     if missing:
         raise Http404(f"No model version {missing[0]} in this team.")
     return [found[i] for i in dict.fromkeys(ids)]
+
+
+def team_base_model_bytes(team: Team) -> int:
+    """What the team's own base models take in storage (console.quotas; shared ones are the
+    site's)."""
+    manifests = BaseModel.objects.filter(team=team).values_list("manifest", flat=True)
+    return sum(f["size"] for m in manifests for f in m.get("files", {}).values())
+
+
+def team_model_version_bytes(team: Team) -> int:
+    """What the team's model versions take in storage (console.quotas)."""
+    files = ModelVersion.objects.filter(team=team).values_list("files", flat=True)
+    return sum(f["size"] for fs in files for f in fs.values())

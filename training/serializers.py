@@ -6,6 +6,9 @@ from training.presets import LLM_PRESETS, PRESETS
 
 class BaseModelSerializer(serializers.ModelSerializer):
     shared = serializers.SerializerMethodField()
+    # Whose it is: "team" (this team's own) or "site" (shared with every team by site staff);
+    # a job by name takes the team's own first.
+    owner = serializers.SerializerMethodField()
     size_bytes = serializers.IntegerField(read_only=True)
 
     class Meta:
@@ -19,12 +22,16 @@ class BaseModelSerializer(serializers.ModelSerializer):
             "manifest",
             "source",
             "shared",
+            "owner",
             "size_bytes",
             "created_at",
         ]
 
     def get_shared(self, model: BaseModel) -> bool:
         return model.team_id is None
+
+    def get_owner(self, model: BaseModel) -> str:
+        return "site" if model.team_id is None else "team"
 
 
 class BaseModelImportSerializer(serializers.Serializer):
@@ -37,6 +44,12 @@ class BaseModelImportSerializer(serializers.Serializer):
     shared = serializers.BooleanField(default=False)
 
 
+class BaseModelShareSerializer(serializers.Serializer):
+    """Site staff only: publish to every team of the site, or take back into this team."""
+
+    shared = serializers.BooleanField()
+
+
 class JobSerializer(serializers.ModelSerializer):
     dataset = serializers.CharField(source="dataset_version.dataset.name", read_only=True)
     dataset_id = serializers.IntegerField(source="dataset_version.dataset_id", read_only=True)
@@ -44,6 +57,8 @@ class JobSerializer(serializers.ModelSerializer):
     base_model = serializers.CharField(
         source="base_model.name", read_only=True, default=None, allow_null=True
     )
+    # "team" or "site": which base model of that name the job took (the team's own wins).
+    base_model_owner = serializers.SerializerMethodField()
     model_version = serializers.SerializerMethodField()
     progress_percent = serializers.IntegerField(read_only=True)
 
@@ -63,11 +78,13 @@ class JobSerializer(serializers.ModelSerializer):
             "labels",
             "backend",
             "base_model",
+            "base_model_owner",
             "preset",
             "hyperparameters",
             "device_type",
             "device_count",
             "priority",
+            "max_hours",
             "origin",
             "attempts",
             "worker",
@@ -85,6 +102,11 @@ class JobSerializer(serializers.ModelSerializer):
             "model_version",
         ]
 
+    def get_base_model_owner(self, job: TrainingJob) -> str | None:
+        if not job.base_model_id:
+            return None
+        return "site" if job.base_model.team_id is None else "team"
+
     def get_model_version(self, job: TrainingJob) -> int | None:
         version = getattr(job, "model_version", None)
         return version.pk if version else None
@@ -99,7 +121,17 @@ class JobSubmitSerializer(serializers.Serializer):
     hyperparameters = serializers.DictField(required=False, default=dict)
     device_type = serializers.CharField(default="cpu")
     device_count = serializers.IntegerField(default=1, min_value=1)
-    priority = serializers.ChoiceField(choices=TrainingJob.Priority.choices, default=5)
+    priority = serializers.ChoiceField(
+        choices=TrainingJob.Priority.choices,
+        default=5,
+        help_text="0 top (the team's owners and site staff only), 2 high, 5 normal, 9 low.",
+    )
+    max_hours = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The job's maximum run time; at most TRAINING_MAX_HOURS (the default).",
+    )
     name = serializers.CharField(required=False, allow_blank=True, default="")
 
 
@@ -111,6 +143,7 @@ class JobCloneSerializer(serializers.Serializer):
     device_type = serializers.CharField(required=False)
     device_count = serializers.IntegerField(required=False, min_value=1)
     priority = serializers.ChoiceField(choices=TrainingJob.Priority.choices, required=False)
+    max_hours = serializers.FloatField(required=False, allow_null=True)
     name = serializers.CharField(required=False, allow_blank=True)
 
 

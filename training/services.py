@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.files.storage import default_storage
 from django.db import DatabaseError, transaction
 from django.db.models import Max
@@ -31,7 +32,9 @@ from django.utils.translation import gettext as _
 from jinja2 import TemplateError
 
 from console.hardware import placement_plan, profile
-from console.models import Node, Team
+from console.models import Membership, Node, Team
+from console.quotas import team_storage_check
+from console.roles import Role
 from console.selectors import live_nodes_with
 from console.services import (
     DevicesBusy,
@@ -41,11 +44,11 @@ from console.services import (
     devices_release_all_but,
 )
 from labeling.models import DatasetVersion
-from training import storage
+from training import sandbox, storage, weights
 from training.backends import available as available_backends
 from training.data import HEADS, OBJECTIVES
 from training.estimate import causal_lm_summary
-from training.inference import MANIFEST, read_manifest
+from training.inference import MANIFEST, PATH_FIELDS, read_manifest, write_manifest
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 from training.presets import LLM_PRESETS, PRESETS, default_preset, presets_for, recommended
 from training.run import EVENT_PREFIX
@@ -238,8 +241,31 @@ def _inspect_causal_lm(directory: Path, backend: str, config: dict) -> dict:
                 "chat_template in tokenizer_config.json); none is assumed."
             )
         )
+    from training.chat import ChatTemplateError, check_template
+
+    try:
+        check_template(directory)  # a template that loops for ever is refused here
+    except (ChatTemplateError, TemplateError) as exc:
+        raise ValidationError(
+            _("The model's chat template cannot be used: %(e)s") % {"e": exc}
+        ) from exc
     summary = causal_lm_summary(config)
     return {**summary, "architecture": arch, "weights_file": weights[0]}
+
+
+def _dir_size(directory: Path) -> int:
+    """The bytes of the files under ``directory``: what storing it takes of a team's quota."""
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def weights_to_safetensors(directory: Path) -> dict[str, str]:
+    """Pickled weights under ``directory`` replaced by safetensors, read by a restricted
+    unpickler that runs nothing (training/weights.py); other pickles (optimizer states,
+    Trainer arguments) are left out. Returns {pickle: its safetensors, or "" if left out}."""
+    try:
+        return weights.convert_dir(directory)
+    except weights.UnsafeWeights as exc:
+        raise ValidationError(_("The weights were refused: %(error)s") % {"error": exc}) from exc
 
 
 def _import_root_path(path: str) -> Path:
@@ -255,7 +281,6 @@ def _import_root_path(path: str) -> Path:
     return target
 
 
-@transaction.atomic
 def base_model_import(
     *,
     actor: AbstractBaseUser,
@@ -271,6 +296,8 @@ def base_model_import(
     name = name.strip()
     if not name:
         raise ValidationError(_("A base model needs a name."))
+    if shared:
+        _check_may_share(actor)
     owner = None if shared else team
     if BaseModel.objects.filter(team=owner, name=name).exists():
         raise ValidationError(_("A base model named “%(name)s” exists already.") % {"name": name})
@@ -288,34 +315,42 @@ def base_model_import(
         else:
             target = _import_root_path(path)
             source = str(target)
-            directory = (
-                target if target.is_dir() else storage.extract_archive(target, tmp_path / "x")
-            )
+            if target.is_dir():  # a copy: its weights are converted, the server's left alone
+                directory = tmp_path / "x"
+                shutil.copytree(target, directory)
+            else:
+                directory = storage.extract_archive(target, tmp_path / "x")
+        converted = weights_to_safetensors(directory)
         summary = inspect_model_dir(directory, backend)
+        if converted:
+            summary["converted"] = converted
+        if owner is not None:
+            team_storage_check(team, _dir_size(directory))
         prefix = f"base_models/{uuid.uuid4().hex}/"
         files = storage.store_dir(directory, prefix)
-    model = BaseModel.objects.create(
-        team=owner,
-        name=name,
-        backend=backend,
-        architecture=summary["architecture"],
-        summary=summary,
-        manifest={"files": files},
-        storage_prefix=prefix,
-        source=source,
-        created_by=actor,
-    )
-    audit_record(
-        action="base_model.import",
-        actor=actor,
-        team=team,
-        target=model,
-        data={"source": source, "backend": backend, "shared": shared, "files": len(files)},
-    )
+    # Stored first, then the row in a short transaction (not the write lock for the copy).
+    with transaction.atomic():
+        model = BaseModel.objects.create(
+            team=owner,
+            name=name,
+            backend=backend,
+            architecture=summary["architecture"],
+            summary=summary,
+            manifest={"files": files},
+            storage_prefix=prefix,
+            source=source,
+            created_by=actor,
+        )
+        audit_record(
+            action="base_model.import",
+            actor=actor,
+            team=team,
+            target=model,
+            data={"source": source, "backend": backend, "shared": shared, "files": len(files)},
+        )
     return model
 
 
-@transaction.atomic
 def base_model_from_version(
     *, actor: AbstractBaseUser, version: ModelVersion, name: str
 ) -> BaseModel:
@@ -341,37 +376,83 @@ def base_model_from_version(
     with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:
         directory = Path(tmp)
         storage.fetch_dir(version.storage_prefix + MODEL_EXPORT, files, directory)
+        weights_to_safetensors(directory)  # versions exported before weights were safetensors
         summary = inspect_model_dir(directory, version.backend)
+        team_storage_check(version.team, _dir_size(directory))
         prefix = f"base_models/{uuid.uuid4().hex}/"
         stored = storage.store_dir(directory, prefix)
-    model = BaseModel.objects.create(
-        team=version.team,
-        name=name,
-        backend=version.backend,
-        architecture=summary["architecture"],
-        summary=summary,
-        manifest={"files": stored},
-        storage_prefix=prefix,
-        source=f"{version.name} v{version.number}",
-        created_by=actor,
-    )
+    with transaction.atomic():  # short: the files are stored already
+        model = BaseModel.objects.create(
+            team=version.team,
+            name=name,
+            backend=version.backend,
+            architecture=summary["architecture"],
+            summary=summary,
+            manifest={"files": stored},
+            storage_prefix=prefix,
+            source=f"{version.name} v{version.number}",
+            created_by=actor,
+        )
+        audit_record(
+            action="base_model.from_version",
+            actor=actor,
+            team=version.team,
+            target=model,
+            data={"model_version": f"{version.name} v{version.number}"},
+        )
+    return model
+
+
+def _check_may_share(actor: AbstractBaseUser) -> None:
+    """A model shared with every team of the site is used by teams whose members did not
+    choose it: only site staff publish one (or take one back)."""
+    if not actor.is_staff:
+        raise PermissionDenied(
+            _(
+                "Only site staff may share a base model with every team of the site; import it "
+                "for this team instead."
+            )
+        )
+
+
+@transaction.atomic
+def base_model_set_shared(
+    *, actor: AbstractBaseUser, team: Team, model: BaseModel, shared: bool
+) -> BaseModel:
+    """Site staff publish a team's base model to every team of the site (``shared``), or take a
+    shared one back into ``team``."""
+    _check_may_share(actor)
+    model = BaseModel.objects.select_for_update().get(pk=model.pk)
+    owner = None if shared else team
+    if (model.team_id is None) == shared:
+        return model
+    if BaseModel.objects.filter(team=owner, name=model.name).exclude(pk=model.pk).exists():
+        raise ValidationError(
+            _("A base model named “%(name)s” exists already.") % {"name": model.name}
+        )
+    model.team = owner
+    model.save(update_fields=["team"])
     audit_record(
-        action="base_model.from_version",
+        action="base_model.share" if shared else "base_model.unshare",
         actor=actor,
-        team=version.team,
+        team=team,
         target=model,
-        data={"model_version": f"{version.name} v{version.number}"},
+        data={"shared": shared},
     )
     return model
 
 
 def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
-    """The team's (or the site's shared) base model of this name for ``backend``; an error that
-    lists what is imported otherwise."""
+    """The team's own base model of this name for ``backend``, else the site's shared one of that
+    name (the team's always wins, on every database: two queries, not an order of NULLs); an
+    error that lists what is imported otherwise."""
     from training.selectors import team_base_models
 
     candidates = team_base_models(team).filter(backend=backend)
-    found = candidates.filter(name=name).order_by("team_id").first()
+    found = (
+        candidates.filter(name=name, team=team).first()
+        or candidates.filter(name=name, team__isnull=True).first()
+    )
     if found is None:
         names = ", ".join(candidates.values_list("name", flat=True)) or _("none")
         raise ValidationError(
@@ -502,7 +583,6 @@ def token_report(
 MULTI_DEVICE_BACKENDS = ("paddle", "torch")
 
 
-@transaction.atomic
 def training_job_submit(
     *,
     actor: AbstractBaseUser,
@@ -517,8 +597,10 @@ def training_job_submit(
     priority: int = TrainingJob.Priority.NORMAL,
     name: str = "",
     origin: TrainingJob | None = None,
+    max_hours: float | None = None,
 ) -> TrainingJob:
-    """Queue a training job on the queue of its device type."""
+    """Queue a training job on the queue of its device type. Checked and tokenised outside
+    any transaction: only the job's row is written in one (SQLite's write lock is short)."""
     dataset = dataset_version.dataset
     if dataset.team_id != team.pk:
         raise ValidationError(_("No such dataset version."))
@@ -593,6 +675,8 @@ def training_job_submit(
         )
     if priority not in TrainingJob.Priority.values:
         raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
+    _check_priority(actor, team, priority)
+    max_hours = _checked_max_hours(max_hours)
     nodes = live_nodes_with(device.name)
     counts = [n for _node, n in nodes]
     if nodes and placement_plan(device, counts, device_count) is None:
@@ -638,40 +722,85 @@ def training_job_submit(
                 )
                 % {"limit": hp.max_seq_length, "longest": data_report["longest"]}
             )
-    job = TrainingJob.objects.create(
-        team=team,
-        name=name.strip()[:100] or f"{dataset.name} v{dataset_version.number}",
-        dataset_version=dataset_version,
-        task_kind=kind,
-        labels=labels,
-        base_model=model,
-        preset="" if model else preset,
-        backend=backend,
-        hyperparameters=asdict(hp),
-        device_type=device.name,
-        device_count=device_count,
-        priority=priority,
-        origin=origin,
-        data_report=data_report,
-        waiting_reason="" if nodes else _no_node_reason(device.name),
-        celery_task_id=uuid.uuid4().hex,
-        created_by=actor,
-    )
-    audit_record(
-        action="training.job_submit",
-        actor=actor,
-        team=team,
-        target=job,
-        data={
-            "dataset_version": str(dataset_version),
-            "backend": backend,
-            "model": job.model_source,
-            "device": f"{device.name}×{device_count}",
-            "origin": origin.pk if origin else None,
-        },
-    )
-    transaction.on_commit(lambda: _enqueue(job))
+    with transaction.atomic():
+        _check_user_limit(actor)
+        job = TrainingJob.objects.create(
+            team=team,
+            name=name.strip()[:100] or f"{dataset.name} v{dataset_version.number}",
+            dataset_version=dataset_version,
+            task_kind=kind,
+            labels=labels,
+            base_model=model,
+            preset="" if model else preset,
+            backend=backend,
+            hyperparameters=asdict(hp),
+            device_type=device.name,
+            device_count=device_count,
+            priority=priority,
+            max_hours=max_hours,
+            origin=origin,
+            data_report=data_report,
+            waiting_reason="" if nodes else _no_node_reason(device.name),
+            celery_task_id=uuid.uuid4().hex,
+            created_by=actor,
+        )
+        audit_record(
+            action="training.job_submit",
+            actor=actor,
+            team=team,
+            target=job,
+            data={
+                "dataset_version": str(dataset_version),
+                "backend": backend,
+                "model": job.model_source,
+                "device": f"{device.name}×{device_count}",
+                "origin": origin.pk if origin else None,
+            },
+        )
+        transaction.on_commit(lambda: _enqueue(job))
     return job
+
+
+def _check_priority(actor: AbstractBaseUser, team: Team, priority: int) -> None:
+    """The top priority jumps every queue of shared accelerators: the team's owners and site
+    staff only."""
+    if priority != TrainingJob.Priority.TOP or actor.is_staff:
+        return
+    if not Membership.objects.filter(team=team, user=actor, role=Role.OWNER).exists():
+        raise PermissionDenied(
+            _("The top priority is for the team's owners and site staff; choose high at most.")
+        )
+
+
+def _checked_max_hours(max_hours: float | None) -> float:
+    """The job's maximum run time: TRAINING_MAX_HOURS, or less if it asks for less."""
+    limit = float(settings.TRAINING_MAX_HOURS)
+    if max_hours is None:
+        return limit
+    if not 0 < max_hours <= limit:
+        raise ValidationError(
+            _("A job runs at most %(limit)s hours on this site (TRAINING_MAX_HOURS); %(h)s asked.")
+            % {"limit": f"{limit:g}", "h": f"{max_hours:g}"}
+        )
+    return float(max_hours)
+
+
+def _check_user_limit(actor: AbstractBaseUser) -> None:
+    """Per user, over all their teams: a user in several teams (or who made several) gets no
+    more than TRAINING_MAX_CONCURRENT_PER_USER queued or running jobs. Called in the job's
+    transaction with the user's row locked, so that two submissions do not both pass."""
+    get_user_model().objects.select_for_update().filter(pk=actor.pk).first()
+    limit = settings.TRAINING_MAX_CONCURRENT_PER_USER
+    active = TrainingJob.objects.filter(created_by=actor, status__in=TrainingJob.ACTIVE).count()
+    if active >= limit:
+        raise ValidationError(
+            _(
+                "You have %(n)d training jobs queued or running (in all your teams); the limit "
+                "is %(limit)d a user (TRAINING_MAX_CONCURRENT_PER_USER). Wait for one to end "
+                "or cancel one."
+            )
+            % {"n": active, "limit": limit}
+        )
 
 
 def _enqueue(job: TrainingJob, countdown: float | None = None) -> None:
@@ -696,6 +825,8 @@ def _spec_fields(job: TrainingJob) -> dict:
         "device_type": job.device_type,
         "device_count": job.device_count,
         "priority": job.priority,
+        # A retry keeps its limit, within the site's (which may have been lowered since).
+        "max_hours": min(job.max_hours, settings.TRAINING_MAX_HOURS) if job.max_hours else None,
     }
 
 
@@ -1006,10 +1137,14 @@ def runner_command(job: TrainingJob, workdir: Path, part: int = 0) -> list[str]:
     return [*launch, *script]
 
 
-def runner_env(job: TrainingJob, part: int = 0) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}
-    for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY"):
-        env.pop(var, None)  # the runner needs no database, nor the platform's secret
+def runner_env(job: TrainingJob, part: int = 0, workdir: Path | None = None) -> dict[str, str]:
+    """The runner's environment: the sandbox's allowlist (training/sandbox.py: no secret,
+    database, broker or storage setting of the platform's), its code on PYTHONPATH, its home
+    and temporary files in the work directory, and the device's visibility."""
+    home = workdir / "home" if workdir is not None else None
+    env = sandbox.sandbox_env(
+        {"PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}, home=home
+    )
     if job.backend == "paddle":
         # paddlenlp imports `datasets`, which imports torch too when it is installed: seconds
         # of start-up for nothing. (Set per process: transformers reads it once, at import.)
@@ -1025,6 +1160,34 @@ def runner_env(job: TrainingJob, part: int = 0) -> dict[str, str]:
         cards = [seen[i] if i < len(seen) and seen[i] else str(i) for i in held]
         env[device.visibility_env] = ",".join(cards)
     return env
+
+
+def runner_sandbox() -> sandbox.RunnerUser:
+    """Whom runners run as: PLATFORM_RUNNER_USER where the platform is root, else itself."""
+    return sandbox.runner_user(settings.PLATFORM_RUNNER_USER)
+
+
+def runner_popen_args(job: TrainingJob, workdir: Path, part: int = 0) -> dict[str, Any]:
+    """What the runner is started with (subprocess.Popen's arguments), by the train worker and
+    by nothing else: its command, the sandbox's environment, its work directory as cwd and,
+    where the platform is root, the runner's user, for whom the work directory is made its own
+    and the data directory private (checked again at every start)."""
+    user = runner_sandbox()
+    (workdir / "home").mkdir(parents=True, exist_ok=True)
+    if user.switch:
+        sandbox.check_reachable(user, Path(settings.TRAINING_PYTHON), "the runtime's Python")
+        sandbox.check_reachable(user, Path(settings.BASE_DIR) / "training" / "run.py", "the code")
+        keep = [Path(settings.TRAINING_WORK_DIR)]
+        sandbox.secure_data_dir(user, Path(settings.DATA_DIR), keep)
+        sandbox.make_passage(Path(settings.TRAINING_WORK_DIR), workdir.parent)
+        sandbox.give_to(user, workdir)
+        sandbox.check_reachable(user, workdir, "its work directory")
+    return {
+        "args": runner_command(job, workdir, part),
+        "cwd": workdir,
+        "env": runner_env(job, part, workdir),
+        **user.popen_kwargs(),
+    }
 
 
 def device_holder(job: TrainingJob, attempt: int | None = None) -> str:
@@ -1075,6 +1238,13 @@ class _Supervisor:
         self.join_within: float | None = None
         self.joined = False
         self.last_event = time.monotonic()
+        # Past its maximum run time (from the job's start) the runner is stopped and the job
+        # fails with the reason.
+        self.max_hours = job.max_hours or settings.TRAINING_MAX_HOURS
+        self.deadline = (job.started_at or timezone.now()) + timezone.timedelta(
+            hours=self.max_hours
+        )
+        self.timed_out = False
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
@@ -1159,6 +1329,14 @@ class _Supervisor:
                 if (self.cancelled or self.superseded) and killed_at is None:
                     killed_at = now
                     _signal_group(proc, signal.SIGTERM)
+                if killed_at is None and timezone.now() >= self.deadline:
+                    self.timed_out = True
+                    self.error = _(
+                        "The job ran past its maximum run time of %(h)s hours (TRAINING_MAX_HOURS "
+                        "or the job's max_hours) and was stopped."
+                    ) % {"h": f"{self.max_hours:g}"}
+                    killed_at = now
+                    _signal_group(proc, signal.SIGTERM)
                 silent = now - self.last_event
                 if (
                     self.join_within
@@ -1205,10 +1383,13 @@ def training_job_execute(job: TrainingJob) -> None:
     if len(job.placement) > 1:
         _start_parts(job, sup)
         sup.join_within = settings.TRAINING_RENDEZVOUS_TIMEOUT_S
+    try:
+        started = runner_popen_args(job, workdir)
+    except (OSError, ValueError) as exc:
+        _finish(job, TrainingJob.Status.FAILED, _("Starting the runner failed: %(e)s") % {"e": exc})
+        return
     proc = subprocess.Popen(
-        runner_command(job, workdir),
-        cwd=settings.BASE_DIR,
-        env=runner_env(job),
+        **started,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: cancel kills the whole tree
@@ -1221,20 +1402,26 @@ def training_job_execute(job: TrainingJob) -> None:
         # task is retried and the job resumes from its checkpoint.
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
+        sandbox.take_back(runner_sandbox(), workdir)
         raise
     if sup.superseded:
         return  # another attempt (or a part's failure) decided the job's fate
+    # What the runner left is no later runner's (another team's job's) to read.
+    sandbox.take_back(runner_sandbox(), workdir)
     job.refresh_from_db()
     if sup.cancelled:
         _finish(job, TrainingJob.Status.CANCELLED)
         shutil.rmtree(workdir, ignore_errors=True)
         return
-    if rc != 0:
+    if rc != 0 or sup.timed_out:
         reason = sup.error or _("The runner exited with status %(rc)d.") % {"rc": rc}
         tail = "\n".join(sup.log_tail)
         _finish(job, TrainingJob.Status.FAILED, f"{reason}\n\n{tail}".strip())
         return
     try:
+        # What the runner (another user) left is read as the platform: no links out of it.
+        outputs = [workdir / "export", workdir / "best", workdir / "evaluation.json"]
+        sandbox.check_outputs(runner_sandbox(), outputs)
         model_version_register(job, workdir)
     except Exception as exc:
         _finish(
@@ -1292,9 +1479,7 @@ def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            runner_command(job, workdir, part),
-            cwd=settings.BASE_DIR,
-            env=runner_env(job, part),
+            **runner_popen_args(job, workdir, part),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -1397,9 +1582,10 @@ def _next_number(team: Team, name: str) -> int:
     return (top or 0) + 1
 
 
-@transaction.atomic
 def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
-    """The model of a succeeded job: its export and best checkpoint into storage."""
+    """The model of a succeeded job: its export and best checkpoint into storage (first, outside
+    any transaction: a large model's copy must not hold the database's write lock), then its
+    row and the job's status in one short transaction."""
     manifest = read_manifest(workdir / "export")
     evaluation = json.loads((workdir / "evaluation.json").read_text(encoding="utf-8"))
     uid = uuid.uuid4()
@@ -1410,29 +1596,30 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
         shutil.copytree(workdir / "best", staged / "checkpoint")
         files = storage.store_dir(staged, prefix)
     name = job.dataset_version.dataset.name
-    Team.objects.select_for_update().get(pk=job.team_id)
-    version = ModelVersion.objects.create(
-        uid=uid,
-        team=job.team,
-        name=name,
-        number=_next_number(job.team, name),
-        job=job,
-        dataset_version=job.dataset_version,
-        task_kind=job.task_kind,
-        labels=list(job.labels),
-        backend=job.backend,
-        runtime=manifest["runtime"],
-        base=job.model_source,
-        hyperparameters=job.hyperparameters,
-        metrics={k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)},
-        evaluation=evaluation,
-        manifest=manifest,
-        storage_prefix=prefix,
-        files=files,
-        created_by=job.created_by,
-    )
-    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-    _finish(job, TrainingJob.Status.SUCCEEDED)
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=job.team_id)
+        version = ModelVersion.objects.create(
+            uid=uid,
+            team=job.team,
+            name=name,
+            number=_next_number(job.team, name),
+            job=job,
+            dataset_version=job.dataset_version,
+            task_kind=job.task_kind,
+            labels=list(job.labels),
+            backend=job.backend,
+            runtime=manifest["runtime"],
+            base=job.model_source,
+            hyperparameters=job.hyperparameters,
+            metrics={k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)},
+            evaluation=evaluation,
+            manifest=manifest,
+            storage_prefix=prefix,
+            files=files,
+            created_by=job.created_by,
+        )
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        _finish(job, TrainingJob.Status.SUCCEEDED)
     return version
 
 
@@ -1474,7 +1661,22 @@ def model_version_archive(version: ModelVersion, out) -> None:
                 tf.addfile(info, f)
 
 
-@transaction.atomic
+def _manifest_after_conversion(export: Path, manifest: dict, converted: dict[str, str]) -> dict:
+    """The export's manifest again after its pickled weights became safetensors (a version
+    exported before they were): new files and hashes, the fields that named a pickle renamed."""
+    renamed = {
+        old.removeprefix(MODEL_EXPORT): new.removeprefix(MODEL_EXPORT)
+        for old, new in converted.items()
+        if old.startswith(MODEL_EXPORT)
+    }
+    fields = {k: v for k, v in manifest.items() if k not in ("files", "format")}
+    for key in PATH_FIELDS:
+        if fields.get(key) in renamed:
+            fields[key] = renamed[fields[key]]
+    write_manifest(export, **fields)
+    return read_manifest(export)
+
+
 def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> ModelVersion:
     """A model version from another site's archive (``model_version_archive``), checked file by
     file against its sha256."""
@@ -1495,41 +1697,46 @@ def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> Mod
             raise ValidationError(_("The archive lacks export/manifest.json."))
         try:
             manifest = read_manifest(root / "export")
+            converted = weights_to_safetensors(root)
+            if any(old.startswith(MODEL_EXPORT) for old in converted):
+                manifest = _manifest_after_conversion(root / "export", manifest, converted)
         except (FileNotFoundError, ValueError) as exc:
             raise ValidationError(str(exc)) from exc
         (root / "model.json").unlink()
+        team_storage_check(team, _dir_size(root))
         uid = uuid.uuid4()
         prefix = f"models/{uid.hex}/"
         files = storage.store_dir(root, prefix)
     name = str(meta.get("name") or "imported")[:100]
-    Team.objects.select_for_update().get(pk=team.pk)
-    version = ModelVersion.objects.create(
-        uid=uid,
-        team=team,
-        name=name,
-        number=_next_number(team, name),
-        source=ModelVersion.Source.IMPORTED,
-        task_kind=manifest["task_kind"],
-        labels=manifest["labels"],
-        backend=manifest.get("backend", meta.get("backend", "")),
-        runtime=manifest["runtime"],
-        base=str(meta.get("base", "")),
-        hyperparameters=meta.get("hyperparameters") or {},
-        metrics=meta.get("metrics") or {},
-        evaluation=meta.get("evaluation") or {},
-        manifest=manifest,
-        storage_prefix=prefix,
-        files=files,
-        provenance=meta.get("provenance") or {},
-        created_by=actor,
-    )
-    audit_record(
-        action="model.import",
-        actor=actor,
-        team=team,
-        target=version,
-        data={"from": meta.get("provenance", {}), "files": len(files)},
-    )
+    with transaction.atomic():  # short: the files are stored already
+        Team.objects.select_for_update().get(pk=team.pk)
+        version = ModelVersion.objects.create(
+            uid=uid,
+            team=team,
+            name=name,
+            number=_next_number(team, name),
+            source=ModelVersion.Source.IMPORTED,
+            task_kind=manifest["task_kind"],
+            labels=manifest["labels"],
+            backend=manifest.get("backend", meta.get("backend", "")),
+            runtime=manifest["runtime"],
+            base=str(meta.get("base", "")),
+            hyperparameters=meta.get("hyperparameters") or {},
+            metrics=meta.get("metrics") or {},
+            evaluation=meta.get("evaluation") or {},
+            manifest=manifest,
+            storage_prefix=prefix,
+            files=files,
+            provenance=meta.get("provenance") or {},
+            created_by=actor,
+        )
+        audit_record(
+            action="model.import",
+            actor=actor,
+            team=team,
+            target=version,
+            data={"from": meta.get("provenance", {}), "files": len(files)},
+        )
     return version
 
 

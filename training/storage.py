@@ -3,6 +3,7 @@ versions are directories stored under a prefix; the runner gets local copies."""
 
 import hashlib
 import shutil
+import stat
 import tarfile
 import zipfile
 from collections.abc import Callable
@@ -60,26 +61,95 @@ def _safe_member(name: str) -> bool:
     return not path.is_absolute() and ".." not in path.parts
 
 
+# Members smaller than this are not held to the compression ratio (a small config of zeros).
+RATIO_GRACE_BYTES = 1 << 20
+
+
+class _Limits:
+    """Counts an archive's members as they are listed, refusing it as soon as it holds too
+    many, expands too far, or expands too many times its packed size (settings
+    ARCHIVE_MAX_*), so a bomb is refused before anything is written."""
+
+    def __init__(self, archive: Path) -> None:
+        from django.conf import settings
+
+        self.members = self.total = 0
+        self.packed = max(archive.stat().st_size, 1)
+        self.max_members = settings.ARCHIVE_MAX_MEMBERS
+        self.max_total = settings.ARCHIVE_MAX_UNCOMPRESSED_BYTES
+        self.ratio = settings.ARCHIVE_MAX_COMPRESSION_RATIO
+
+    def add(self, name: str, size: int, packed: int | None = None) -> None:
+        if not _safe_member(name):
+            raise ValidationError(
+                _("The archive has a path outside itself: %(name)s") % {"name": name}
+            )
+        self.members += 1
+        self.total += size
+        if self.members > self.max_members:
+            raise ValidationError(
+                _(
+                    "The archive holds more than %(n)d files, the limit of this platform "
+                    "(PLATFORM_ARCHIVE_MAX_MEMBERS)."
+                )
+                % {"n": self.max_members}
+            )
+        if self.total > self.max_total:
+            raise ValidationError(
+                _(
+                    "The archive expands to more than %(limit)d MB, the limit of this platform "
+                    "(PLATFORM_ARCHIVE_MAX_UNCOMPRESSED_MB)."
+                )
+                % {"limit": self.max_total // 2**20}
+            )
+        member_bomb = (
+            packed is not None and size > RATIO_GRACE_BYTES and size > max(packed, 1) * self.ratio
+        )
+        if member_bomb or (
+            self.total > RATIO_GRACE_BYTES and self.total > self.packed * self.ratio
+        ):
+            raise ValidationError(
+                _(
+                    "The archive expands more than %(ratio)d times its size at “%(name)s”: "
+                    "refused as a possible zip bomb (PLATFORM_ARCHIVE_MAX_COMPRESSION_RATIO)."
+                )
+                % {"ratio": self.ratio, "name": name}
+            )
+
+
+def _link_refused(name: str) -> ValidationError:
+    return ValidationError(
+        _("The archive holds a link or a special file, which is refused: %(name)s") % {"name": name}
+    )
+
+
 def extract_archive(archive: Path, dest: Path) -> Path:
     """Extract a .tar(.gz) or .zip into ``dest``, refusing members that would land outside it
-    (absolute paths, ``..``, links), and return the directory that holds the files (the one
-    folder inside when the archive wraps everything in one)."""
+    (absolute paths, ``..``), links and special files, and archives past the limits of
+    ``_Limits``; return the directory that holds the files (the one folder inside when the
+    archive wraps everything in one)."""
     try:
+        limits = _Limits(archive)
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
-                bad = [m for m in zf.namelist() if not _safe_member(m)]
-                if bad:
-                    raise ValidationError(
-                        _("The archive has a path outside itself: %(name)s") % {"name": bad[0]}
-                    )
+                for info in zf.infolist():
+                    if stat.S_ISLNK(info.external_attr >> 16):
+                        raise _link_refused(info.filename)
+                    limits.add(info.filename, info.file_size, info.compress_size)
                 zf.extractall(dest)  # noqa: S202 - every name checked above
         elif tarfile.is_tarfile(archive):
             with tarfile.open(archive) as tf:
-                # The "data" filter refuses absolute paths, "..", links out and device files.
-                tf.extractall(dest, filter="data")
+                members = []
+                while (member := tf.next()) is not None:
+                    if not (member.isreg() or member.isdir()):
+                        raise _link_refused(member.name)
+                    limits.add(member.name, member.size)
+                    members.append(member)
+                # The "data" filter also refuses absolute paths, "..", and device files.
+                tf.extractall(dest, members=members, filter="data")
         else:
             raise ValidationError(_("The file is neither a .tar, .tar.gz nor a .zip archive."))
-    except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise ValidationError(_("The archive cannot be read: %(error)s") % {"error": exc}) from exc
     entries = [p for p in dest.iterdir() if not p.name.startswith((".", "__MACOSX"))]

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 from console.hardware import profiles
 from console.pagination import paginate
 from console.permissions import team_view
-from console.roles import Perm, role_allows
+from console.roles import Perm, Role, role_allows
 from training import api, selectors, services
 from training.data import OBJECTIVES
 from training.estimate import estimates
@@ -23,12 +23,19 @@ from training.models import TrainingJob
 from training.presets import LLM_PRESETS, PRESETS
 
 
-def _error_text(exc: ValidationError) -> str:
+def _error_text(exc: ValidationError | PermissionDenied) -> str:
+    if isinstance(exc, PermissionDenied):
+        return str(exc)
     return " ".join(exc.messages)
 
 
 def _can(request: HttpRequest, perm: Perm) -> bool:
     return role_allows(request.membership.role, perm)
+
+
+def _top_priority(request: HttpRequest) -> bool:
+    """The top priority is offered to the team's owners and site staff only."""
+    return request.user.is_staff or request.membership.role == Role.OWNER
 
 
 @team_view()
@@ -51,14 +58,18 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if request.GET.get("version"):
         initial["dataset_version"] = request.GET["version"]
     form = JobForm(
-        request.POST or None, team=request.team, base_models=base_models, initial=initial
+        request.POST or None,
+        team=request.team,
+        base_models=base_models,
+        initial=initial,
+        top_priority=_top_priority(request),
     )
     if request.method == "POST" and form.is_valid():
         try:
             job = services.training_job_submit(
                 actor=request.user, team=request.team, **form.job_fields()
             )
-        except ValidationError as exc:
+        except (ValidationError, PermissionDenied) as exc:
             form.add_error(None, _error_text(exc))
         else:
             return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
@@ -86,7 +97,7 @@ def _job_action(
     job = selectors.job_get(request.team, training_job_id)
     try:
         result = action(actor=request.user, job=job, **kwargs)
-    except ValidationError as exc:
+    except (ValidationError, PermissionDenied) as exc:
         messages.error(request, _error_text(exc))
         return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
     messages.success(request, done)
@@ -122,19 +133,24 @@ def job_clone(request: HttpRequest, training_job_id: int) -> HttpResponse:
         "device_type": source.device_type,
         "device_count": source.device_count,
         "priority": source.priority,
+        "max_hours": source.max_hours,
         "name": f"{source.name} (clone)",
         **source.hyperparameters,
     }
     base_models = selectors.team_base_models(request.team)
     form = JobForm(
-        request.POST or None, team=request.team, base_models=base_models, initial=initial
+        request.POST or None,
+        team=request.team,
+        base_models=base_models,
+        initial=initial,
+        top_priority=_top_priority(request),
     )
     if request.method == "POST" and form.is_valid():
         try:
             job = services.training_job_submit(
                 actor=request.user, team=request.team, origin=source, **form.job_fields()
             )
-        except ValidationError as exc:
+        except (ValidationError, PermissionDenied) as exc:
             form.add_error(None, _error_text(exc))
         else:
             return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
@@ -286,7 +302,9 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
 
 @team_view(write=Perm.MODEL_IMPORT)
 def base_models(request: HttpRequest) -> HttpResponse:
-    form = BaseModelImportForm(request.POST or None, request.FILES or None)
+    form = BaseModelImportForm(
+        request.POST or None, request.FILES or None, can_share=request.user.is_staff
+    )
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
@@ -297,9 +315,9 @@ def base_models(request: HttpRequest) -> HttpResponse:
                 backend=data["backend"],
                 path=data["path"],
                 archive=data["archive"],
-                shared=data["shared"],
+                shared=data.get("shared", False),
             )
-        except ValidationError as exc:
+        except (ValidationError, PermissionDenied) as exc:
             form.add_error(None, _error_text(exc))
         else:
             messages.success(request, _("Imported %(name)s.") % {"name": model.name})

@@ -1,7 +1,8 @@
 """``python -m deployment.server [--host H] [--port P] [--devices cpu]``: one serving host.
 
 The shared secret of the management API comes from ``SERVING_SECRET`` (never a flag: flags
-show in the process list); the host refuses to start without one.
+show in the process list); the host refuses to start without one. ``SERVING_MAX_BODY_MB``
+(``--max-body-mb``) is the largest request body it reads.
 """
 
 import argparse
@@ -10,7 +11,7 @@ import sys
 
 import uvicorn
 
-from deployment.server.app import create_app
+from deployment.server.app import MAX_BODY_MB, create_app
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +23,17 @@ def main(argv: list[str]) -> int:
         default=os.environ.get("SERVING_DEVICES", "cpu"),
         help="the device types this node serves, comma-separated (cpu, gpu, npu…)",
     )
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        # A string default goes through type= too: a bad SERVING_MAX_BODY_MB is refused here.
+        default=os.environ.get("SERVING_MAX_BODY_MB") or str(MAX_BODY_MB),
+        help="the largest request body, in MB (SERVING_MAX_BODY_MB): a larger one gets 413 "
+        "before it is read",
+    )
     args = parser.parse_args(argv)
+    if args.max_body_mb <= 0:
+        parser.error(f"SERVING_MAX_BODY_MB must be a positive number, not {args.max_body_mb:g}")
     secret = os.environ.get("SERVING_SECRET", "")
     if not secret:
         print(
@@ -30,7 +41,8 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    app = create_app(secret, [d.strip() for d in args.devices.split(",") if d.strip()])
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    app = create_app(secret, devices, args.max_body_mb)
     uvicorn.run(
         app,
         host=args.host,

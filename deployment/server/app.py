@@ -2,7 +2,12 @@
 inference under ``/v1/`` (``:predict`` for classifiers and taggers, OpenAI's chat and completions
 for generative models), liveness and readiness at ``/healthz`` and ``/readyz``.
 
-Errors have one shape, OpenAI's: ``{"error": {"message", "type", "param", "code"}}``."""
+Errors have one shape, OpenAI's: ``{"error": {"message", "type", "param", "code"}}``.
+
+Whoever holds no key learns nothing and costs nothing: the key is checked before a byte of the
+body is read; an unknown endpoint, a missing key and a key of another endpoint get one and the
+same 401; a body over ``max_body`` bytes is refused with 413 as soon as its Content-Length or
+the bytes read so far exceed it; the management secret is no key of the inference API."""
 
 import asyncio
 import hashlib
@@ -10,6 +15,7 @@ import hmac
 import json
 import math
 import random
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -33,6 +39,9 @@ from training.inference import read_manifest
 MAX_INPUTS = 256  # per request, unless the endpoint says otherwise
 MAX_CHARS = 20_000  # per text
 REQUEST_TIMEOUT_S = 60.0
+# A request body's limit unless SERVING_MAX_BODY_MB says otherwise: the largest valid predict
+# request (256 inputs of 20,000 characters, JSON-escaped) stays below it.
+MAX_BODY_MB = 32
 
 
 class InputError(Exception):
@@ -67,23 +76,55 @@ class Route_:
     # sha256 → {"id", "rate_per_s", "expires_at" (epoch seconds or None)}
     keys: dict[str, dict] = field(default_factory=dict)
     max_inputs: int = MAX_INPUTS
+    # The sha256 of the platform's own key to this endpoint (the console's try-it box and
+    # playground, pre-annotation): no rate limit, no expiry, not listed among the keys.
+    platform_key: str = ""
+
+    def key(self, key_hash: str) -> dict | None:
+        """The key record of a key hash, or None when the key is not one of this endpoint's."""
+        if key_hash in self.keys:
+            return self.keys[key_hash]
+        if self.platform_key and hmac.compare_digest(key_hash, self.platform_key):
+            return PLATFORM_KEY
+        return None
+
+
+PLATFORM_KEY = {"id": "platform", "rate_per_s": None, "expires_at": None}
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class Host:
-    def __init__(self, secret: str, devices: list[str]) -> None:
+    def __init__(self, secret: str, devices: list[str], max_body: int = MAX_BODY_MB << 20) -> None:
         if not secret:
             raise ValueError("the serving host needs a shared secret (SERVING_SECRET)")
+        if max_body < 1:
+            raise ValueError(f"the request body limit must be positive, not {max_body} bytes")
         self.secret = secret
         self.devices = devices
+        self.max_body = max_body
         self.boot_id = uuid.uuid4().hex
         self.started_at = time.time()
         self.revisions: dict[str, Revision] = {}
         self.endpoints: dict[str, Route_] = {}
         self.metrics = Metrics()
         self.buckets: dict[str, TokenBucket] = {}
+        # key hash → the endpoints that accept it, to refuse an unknown key before reading the
+        # body of a chat or completions call (whose body names the endpoint).
+        self.key_index: dict[str, set[str]] = {}
 
     def is_secret(self, presented: str) -> bool:
         return hmac.compare_digest(presented.encode(), self.secret.encode())
+
+    def set_route(self, name: str, route: Route_ | None) -> None:
+        if route is None:
+            self.endpoints.pop(name, None)
+        else:
+            self.endpoints[name] = route
+        index: dict[str, set[str]] = {}
+        for endpoint, r in self.endpoints.items():
+            for key_hash in [*r.keys, *([r.platform_key] if r.platform_key else [])]:
+                index.setdefault(key_hash, set()).add(endpoint)
+        self.key_index = index
 
     def choose(self, route: Route_) -> Revision | None:
         """A ready revision by weight. A revision gets traffic only once ready; when no weighted
@@ -106,6 +147,10 @@ def _presented_key(request: Request) -> str:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     return request.headers.get("x-api-key", "").strip()
+
+
+def _key_hash(presented: str) -> str:
+    return hashlib.sha256(presented.encode()).hexdigest() if presented else ""
 
 
 ERROR_TYPES = {
@@ -134,6 +179,57 @@ def _error(
         **extra,
     }
     return JSONResponse({"error": error}, status, headers)
+
+
+# One answer for a missing key, a wrong key, a key of another endpoint and an unknown endpoint,
+# so that endpoint names cannot be told from the answers. The connection is closed: a body the
+# client is still sending is not read.
+UNAUTHORIZED_MESSAGE = (
+    "a valid API key of this endpoint is required (Authorization: Bearer <key>); the endpoint "
+    "may not exist"
+)
+
+
+def _unauthorized() -> JSONResponse:
+    return _error(401, "unauthorized", UNAUTHORIZED_MESSAGE, headers={"Connection": "close"})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (BodyTooLarge) once it is known to exceed ``limit`` bytes:
+    by its Content-Length before a byte is read, else (chunked) as soon as the bytes read so
+    far exceed it, never holding more than ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge
+    return bytes(body)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    # The connection stays open: the rest of the body is read and dropped (uvicorn holds no
+    # more of it than its flow control's 64 KB), so that the client hears this answer.
+    return _error(
+        413,
+        "body_too_large",
+        f"the request body exceeds {limit / (1 << 20):g} MB (SERVING_MAX_BODY_MB)",
+    )
+
+
+async def read_json(request: Request, limit: int) -> object:
+    """The body parsed as JSON; BodyTooLarge over the limit, InputError (400) if not JSON."""
+    raw = await read_body(request, limit)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"the body is not valid JSON: {exc}", 400) from None
 
 
 def parse_inputs(body: object, task_kind: str, max_inputs: int) -> list:
@@ -210,30 +306,26 @@ def shape(pred: dict, top_k: int) -> dict:
 
 async def admit(request: Request, host: "Host", name: str) -> Revision | Response:
     """The revision that answers a call to endpoint ``name``, or the error response: an unknown
-    endpoint, a missing or wrong key, a key over its rate, no revision ready."""
+    endpoint, a missing or wrong key, a key over its rate, no revision ready. Reads no body.
+
+    An unknown endpoint and a key that is not this endpoint's (none, a wrong one, another
+    endpoint's, the management secret) get the same answer; only a key of this endpoint hears
+    that it expired."""
     route = host.endpoints.get(name)
-    if route is None:
-        return _error(404, "not_found", f"no endpoint named {name!r} on this host", param="model")
-    presented = _presented_key(request)
-    key_hash = hashlib.sha256(presented.encode()).hexdigest() if presented else ""
-    if not (presented and (key_hash in route.keys or host.is_secret(presented))):
-        host.metrics.count(name, "", "requests")
-        host.metrics.count(name, "", "unauthorized")
-        return _error(
-            401,
-            "unauthorized",
-            "an API key of this endpoint is required (Authorization: Bearer <key>)"
-            if not presented
-            else "this API key is not valid for this endpoint",
-        )
-    key = route.keys.get(key_hash)
-    expires_at = key.get("expires_at") if key else None
+    key_hash = _key_hash(_presented_key(request))
+    key = route.key(key_hash) if route is not None and key_hash else None
+    if key is None:
+        if route is not None:  # counted for the endpoint's owners; unknown names are not kept
+            host.metrics.count(name, "", "requests")
+            host.metrics.count(name, "", "unauthorized")
+        return _unauthorized()
+    expires_at = key.get("expires_at")
     if expires_at is not None and float(expires_at) <= time.time():
         host.metrics.count(name, "", "requests")
         host.metrics.count(name, "", "unauthorized")
         when = datetime.fromtimestamp(float(expires_at), UTC).isoformat(timespec="minutes")
         return _error(401, "unauthorized", f"this API key expired on {when}")
-    if key and key.get("rate_per_s"):
+    if key.get("rate_per_s"):
         bucket = host.buckets.get(key_hash)
         rate = float(key["rate_per_s"])
         if bucket is None or bucket.rate != rate:
@@ -274,14 +366,14 @@ async def predict(request: Request) -> Response:
     series = host.metrics.get(name, revision.key)
     series.counts["requests"] += 1
     try:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputError(f"the body is not valid JSON: {exc}", 400) from None
+        body = await read_json(request, host.max_body)
         inputs = parse_inputs(body, revision.manifest["task_kind"], route.max_inputs)
         top_k = body.get("top_k", 5)
         if not isinstance(top_k, int) or top_k < 1:
             raise InputError('"top_k" must be a positive integer', 400)
+    except BodyTooLarge:
+        series.counts["client_errors"] += 1
+        return _too_large(host.max_body)
     except InputError as exc:
         series.counts["client_errors"] += 1
         extra = {} if exc.index is None else {"index": exc.index}
@@ -307,10 +399,15 @@ async def predict(request: Request) -> Response:
 
 async def _openai(request: Request, chat: bool) -> Response:
     host: Host = request.app.state.host
+    # The body names the endpoint: before reading it, the key must be one of some endpoint's.
+    if _key_hash(_presented_key(request)) not in host.key_index:
+        return _unauthorized()
     try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, "invalid_json", f"the body is not valid JSON: {exc}")
+        body = await read_json(request, host.max_body)
+    except BodyTooLarge:
+        return _too_large(host.max_body)
+    except InputError as exc:
+        return _error(400, "invalid_json", exc.message)
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return _error(
             400, "invalid_value", "model (the endpoint's name) is required", param="model"
@@ -359,17 +456,22 @@ def _manager(handler):
     async def wrapped(request: Request) -> Response:
         host: Host = request.app.state.host
         if not host.is_secret(_presented_key(request) or "\0"):
-            return _error(401, "unauthorized", "the management API needs the shared secret")
-        return await handler(request, host)
+            return _error(
+                401,
+                "unauthorized",
+                "the management API needs the shared secret",
+                headers={"Connection": "close"},
+            )
+        try:
+            return await handler(request, host)
+        except BodyTooLarge:
+            return _too_large(host.max_body)
 
     return wrapped
 
 
 async def _body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise InputError(f"the body is not valid JSON: {exc}", 400) from None
+    body = await read_json(request, request.app.state.host.max_body)
     if not isinstance(body, dict):
         raise InputError("the body must be a JSON object", 400)
     return body
@@ -447,15 +549,19 @@ async def endpoint_put(request: Request, host: Host) -> Response:
         revisions = {str(k): int(w) for k, w in (body.get("revisions") or {}).items()}
         keys = {str(h): dict(v) for h, v in (body.get("keys") or {}).items()}
         max_inputs = int(body.get("max_inputs") or MAX_INPUTS)
+        platform_key = str(body.get("platform_key") or "")
+        if platform_key and not SHA256_HEX.fullmatch(platform_key):
+            raise ValueError(f"platform_key is not a sha256 in hex: {platform_key[:80]!r}")
     except (InputError, TypeError, ValueError) as exc:
         return _error(400, "invalid", str(exc))
-    host.endpoints[request.path_params["name"]] = Route_(revisions, keys, max_inputs)
+    route = Route_(revisions, keys, max_inputs, platform_key)
+    host.set_route(request.path_params["name"], route)
     return Response(status_code=204)
 
 
 @_manager
 async def endpoint_delete(request: Request, host: Host) -> Response:
-    host.endpoints.pop(request.path_params["name"], None)
+    host.set_route(request.path_params["name"], None)
     return Response(status_code=204)
 
 
@@ -467,19 +573,23 @@ async def metrics(request: Request, host: Host) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    host: Host = request.app.state.host
-    return JSONResponse({"status": "ok", "boot_id": host.boot_id})
+    """Alive; nothing more to whoever asks (the boot id is in /manage/state)."""
+    return JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when every revision it was told to load is ready (or failed, with its reason)."""
+    """Ready when every revision it was told to load is ready (or failed, with its reason).
+    Only ready or not, unless the management secret asks: then the revisions still loading."""
     host: Host = request.app.state.host
     loading = [k for k, r in host.revisions.items() if r.state == "loading"]
-    return JSONResponse({"ready": not loading, "loading": loading}, 200 if not loading else 503)
+    answer: dict = {"ready": not loading}
+    if host.is_secret(_presented_key(request) or "\0"):
+        answer["loading"] = loading
+    return JSONResponse(answer, 200 if not loading else 503)
 
 
-def create_app(secret: str, devices: list[str]) -> Starlette:
-    host = Host(secret, devices)
+def create_app(secret: str, devices: list[str], max_body_mb: float = MAX_BODY_MB) -> Starlette:
+    host = Host(secret, devices, max(1, int(max_body_mb * (1 << 20))))
 
     @asynccontextmanager
     async def lifespan(app: Starlette):

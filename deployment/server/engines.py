@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from deployment.server.revision import Revision
+from deployment.server.replica import ROOT, predictor_user
+from deployment.server.revision import Revision, stage_export
+from training import sandbox
 
 BUILTIN = "builtin"
 # name → the module that tells it is installed, the device types it serves, its command
@@ -120,16 +123,30 @@ class EngineRevision(Revision):
             if self.engine not in installed():
                 raise RuntimeError(f"{self.engine} is not installed on this serving host")
             self.port = _free_port()
+            export_dir = Path(self.config["export_dir"])
+            model = await asyncio.get_running_loop().run_in_executor(
+                None, stage_export, self.key, export_dir
+            )
+            self.staged = model if model != export_dir else None
             values = {
                 "python": sys.executable,
-                "model": str(self.config["export_dir"]),
+                "model": str(model),
                 "name": self.key,
                 "port": str(self.port),
             }
             command = [part.format(**values) for part in spec["command"]]
+            # The engine is sandboxed as the predictors are (training/sandbox.py).
+            user = predictor_user()
+            home = model.parent if self.staged else None
             with open(self.log, "wb") as out:
                 self.process = subprocess.Popen(
-                    command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=home or ROOT,
+                    env=sandbox.sandbox_env({"PYTHONPATH": str(ROOT)}, home=home),
+                    **user.popen_kwargs(),
                 )
             deadline = time.monotonic() + START_TIMEOUT_S
             async with httpx.AsyncClient(timeout=2.0) as client:
@@ -159,14 +176,15 @@ class EngineRevision(Revision):
         self.state = "ready"
 
     def _stop_engine(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.staged is not None:
+            shutil.rmtree(self.staged.parent, ignore_errors=True)
 
     async def unload(self) -> None:
         self.state = "unloading"

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from deployment.server.replica import Replica, serve
+from deployment.server.replica import Replica, receive, send, serve
 from deployment.server.revision import PredictError, Revision
 from training.chat import ChatTokenizer
 from training.generation import Delta, GenerationRequest
@@ -37,9 +37,9 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
         def handle(batch: list[dict]) -> None:
             generator.generate(
                 [GenerationRequest(**r) for r in batch],
-                lambda deltas: conn.send(("step", [asdict(d) for d in deltas])),
+                lambda deltas: send(conn, ("step", [asdict(d) for d in deltas])),
             )
-            conn.send(("done", None))
+            send(conn, ("done", None))
 
         return handle
 
@@ -47,7 +47,7 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
 
 
 class GenerationReplica(Replica):
-    target = staticmethod(main)
+    target = "deployment.server.generative"
     name = "generator"
 
     def generate(self, requests: list[dict], on_step) -> None:
@@ -56,16 +56,16 @@ class GenerationReplica(Replica):
             try:
                 self.conn.send(requests)
                 while True:
-                    kind, payload = self.conn.recv()
+                    kind, payload = receive(self.conn)
                     if kind == "step":
                         on_step([Delta(**d) for d in payload])
                     elif kind == "done":
                         return
                     else:
                         raise RuntimeError(payload)
-            except (EOFError, OSError, BrokenPipeError):
+            except (EOFError, OSError, ValueError):
                 raise RuntimeError(
-                    f"the generation process died (exit code {self.process.exitcode})"
+                    f"the generation process died (exit code {self.exitcode})"
                 ) from None
 
 

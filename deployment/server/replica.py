@@ -5,18 +5,60 @@ its own with one predictor (one math thread: the replicas are the parallelism). 
 tuples: the parent sends a list of inputs (or ``None`` to stop); the child answers
 ``("ready", info)`` once after warm-up, then ``("ok", predictions)`` or ``("error", message)``
 per batch. A failure to load is ``("failed", message)``, and the process ends.
+
+The process is started (``python -m deployment.server.replica``, not forked: the parent runs an
+event loop and threads that a fork would copy) in the sandbox of ``training.sandbox``: an
+environment without the serving host's secret nor any other of the platform's, and, where the
+host runs as root, as ``PLATFORM_RUNNER_USER``, reading a copy of the model staged for it.
+Its answers are JSON, never pickles: the host trusts nothing the process says.
 """
 
+import ctypes
+import importlib
+import json
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 
-# Spawned, not forked: the parent runs an event loop and threads that a fork would copy.
-CONTEXT = multiprocessing.get_context("spawn")
+from training import sandbox
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def predictor_user() -> sandbox.RunnerUser:
+    """Whom predictor and engine processes run as (PLATFORM_RUNNER_USER where the host is
+    root)."""
+    return sandbox.runner_user(os.environ.get("PLATFORM_RUNNER_USER", ""))
+
+
+def predictor_env(home: Path | None = None) -> dict[str, str]:
+    """A predictor's environment: the sandbox's allowlist, the code on PYTHONPATH."""
+    return sandbox.sandbox_env(
+        {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, home=home
+    )
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: a host killed outright leaves no predictor holding a device.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def send(conn: Connection, message: tuple) -> None:
+    """An answer of the process to the host: JSON, so the host unpickles nothing of it."""
+    conn.send_bytes(json.dumps(message, ensure_ascii=False).encode())
+
+
+def receive(conn: Connection) -> tuple:
+    kind, payload = json.loads(conn.recv_bytes())
+    return kind, payload
 
 
 def warmup_sizes(max_batch_size: int) -> list[int]:
@@ -37,10 +79,10 @@ def serve(conn: Connection, load: Callable[[], Callable[[object], None]]) -> Non
     try:
         started = time.perf_counter()
         handle = load()
-        conn.send(("ready", {"load_s": round(time.perf_counter() - started, 3)}))
+        send(conn, ("ready", {"load_s": round(time.perf_counter() - started, 3)}))
     except Exception as exc:
         traceback.print_exc()
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        send(conn, ("failed", f"{type(exc).__name__}: {exc}"))
         return
     while True:
         try:
@@ -52,7 +94,7 @@ def serve(conn: Connection, load: Callable[[], Callable[[object], None]]) -> Non
         try:
             handle(message)
         except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            send(conn, ("error", f"{type(exc).__name__}: {exc}"))
 
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
@@ -68,7 +110,7 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
         # predictor's buffers already sized.
         for size in warmup_sizes(max_batch_size):
             predictor.predict([item] * size, batch_size=size)
-        return lambda items: conn.send(("ok", predictor.predict(items, batch_size=len(items))))
+        return lambda items: send(conn, ("ok", predictor.predict(items, batch_size=len(items))))
 
     serve(conn, load)
 
@@ -76,29 +118,37 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
 class Replica:
     """The parent's handle on one predictor process. ``call`` blocks: run it in a thread."""
 
-    # What the process runs: main(conn, export_dir, device, max_batch_size).
-    target = staticmethod(main)
+    # What the process runs: <module>.main(conn, export_dir, device, max_batch_size).
+    target = "deployment.server.replica"
     name = "predictor"
 
     def __init__(self, export_dir: str, device: str, max_batch_size: int) -> None:
-        self.conn, child = CONTEXT.Pipe()
-        self.process = CONTEXT.Process(
-            target=self.target,
-            args=(child, export_dir, device, max_batch_size),
-            daemon=True,
-            name=self.name,
+        self.conn, child = multiprocessing.Pipe()
+        user = predictor_user()
+        home = Path(export_dir).parent / "home" if user.switch else None
+        if home is not None:
+            home.mkdir(exist_ok=True)
+            os.chown(home, user.uid, user.gid)
+        fd = child.fileno()
+        args = [self.target, str(fd), export_dir, device, str(max_batch_size)]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "deployment.server.replica", *args],
+            pass_fds=[fd],
+            cwd=home or ROOT,
+            env=predictor_env(home),
+            preexec_fn=_die_with_parent,
+            **user.popen_kwargs(),
         )
-        self.process.start()
         child.close()
         self.lock = threading.Lock()
 
     def wait_ready(self) -> dict:
         """Block until warmed up; raise RuntimeError with the reason if loading failed."""
         try:
-            kind, payload = self.conn.recv()
-        except EOFError:
+            kind, payload = receive(self.conn)
+        except (EOFError, ValueError):
             raise RuntimeError(
-                f"the predictor process exited while loading (exit code {self.process.exitcode})"
+                f"the predictor process exited while loading (exit code {self.exitcode})"
             ) from None
         if kind != "ready":
             raise RuntimeError(payload)
@@ -108,26 +158,46 @@ class Replica:
         with self.lock:
             try:
                 self.conn.send(items)
-                kind, payload = self.conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
+                kind, payload = receive(self.conn)
+            except (EOFError, OSError, ValueError):
+                # The pipe is lost: the process is gone or useless. Reap it (one just killed
+                # may not have exited yet), so that the revision sees it dead and replaces it.
+                try:
+                    self.process.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
                 raise RuntimeError(
-                    f"the predictor process died (exit code {self.process.exitcode})"
+                    f"the predictor process died (exit code {self.exitcode})"
                 ) from None
         if kind != "ok":
             raise RuntimeError(payload)
         return payload
 
     @property
+    def exitcode(self) -> int | None:
+        return self.process.poll()
+
+    @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return self.process.poll() is None
 
     def stop(self) -> None:
         try:
             self.conn.send(None)
         except (OSError, BrokenPipeError):
             pass
-        self.process.join(timeout=5)
-        if self.process.is_alive():
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join()
+            self.process.wait()
         self.conn.close()
+
+
+if __name__ == "__main__":
+    # python -m deployment.server.replica <module> <fd> <export_dir> <device> <max_batch_size>
+    module, fd, export_dir, device, max_batch_size = sys.argv[1:]
+    importlib.import_module(module).main(
+        Connection(int(fd)), export_dir, device, int(max_batch_size)
+    )

@@ -9,12 +9,18 @@ without waiting, and alone a request waits at most ``max_wait_ms``.
 """
 
 import asyncio
+import os
+import re
+import shutil
+import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployment.server.replica import Replica
+from deployment.server.replica import Replica, predictor_user
+from training import sandbox
 from training.inference import MANIFEST, read_manifest, sha256_file
 
 
@@ -30,6 +36,29 @@ class Pending:
 
 class PredictError(Exception):
     """The revision could not answer (a predictor process failed or died)."""
+
+
+def staging_dir() -> Path:
+    """Where the host stages the models its predictors read, when they run as another user:
+    SERVING_WORK_DIR, else a directory of this host process's under the temporary one."""
+    configured = os.environ.get("SERVING_WORK_DIR")
+    path = Path(configured) if configured else Path(tempfile.gettempdir())
+    path = path / f"staged-{os.getpid()}"
+    path.mkdir(mode=0o711, parents=True, exist_ok=True)
+    sandbox.make_traversable(path)
+    return path
+
+
+def stage_export(key: str, export_dir: Path) -> Path:
+    """The export as the revision's predictors read it: ``export_dir`` itself, or where the
+    host runs as root, a copy the predictors' user can read (the platform's storage is not
+    readable by it)."""
+    user = predictor_user()
+    if not user.switch:
+        return export_dir
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", key) + "-" + uuid.uuid4().hex[:8]
+    target = staging_dir() / name
+    return sandbox.stage_readable(user, export_dir, target)
 
 
 # A revision's settings as the platform sends them; a different config means a reload.
@@ -52,6 +81,8 @@ class Revision:
         self.load_s: float | None = None
         self.batches = 0
         self.batched_inputs = 0
+        # The export the predictor processes read (a staged copy where they run as another user).
+        self.staged: Path | None = None
 
     @property
     def max_batch_size(self) -> int:
@@ -82,8 +113,9 @@ class Revision:
                 raise ValueError(f"{export_dir / MANIFEST} is not the manifest the platform holds")
             # The replicas check every file's sha256; here only what validation needs.
             self.manifest = read_manifest(export_dir, verify=False)
-            self.replicas = [self._replica() for _ in range(max(1, int(self.config["replicas"])))]
             loop = asyncio.get_running_loop()
+            self.staged = await loop.run_in_executor(self.pool, stage_export, self.key, export_dir)
+            self.replicas = [self._replica() for _ in range(max(1, int(self.config["replicas"])))]
             await asyncio.gather(
                 *(loop.run_in_executor(self.pool, r.wait_ready) for r in self.replicas)
             )
@@ -100,9 +132,8 @@ class Revision:
         self.state = "ready"
 
     def _replica(self) -> Replica:
-        return self.replica_class(
-            str(self.config["export_dir"]), str(self.config["device"]), self.max_batch_size
-        )
+        export_dir = self.staged or Path(self.config["export_dir"])
+        return self.replica_class(str(export_dir), str(self.config["device"]), self.max_batch_size)
 
     async def predict(self, items: list) -> list[dict]:
         loop = asyncio.get_running_loop()
@@ -182,6 +213,8 @@ class Revision:
     async def _stop_replicas(self) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(self.pool, r.stop) for r in self.replicas))
+        if self.staged is not None and self.staged != Path(self.config["export_dir"]):
+            shutil.rmtree(self.staged.parent, ignore_errors=True)
 
     async def unload(self) -> None:
         self.state = "unloading"

@@ -146,7 +146,7 @@ def test_keys_rate_limits_and_the_management_secret(fresh_host, exports):
     body = {"inputs": ["很好"]}
     assert fresh_host.predict("keyed", body).status_code == 401
     assert fresh_host.predict("keyed", body, "mpe_wrong").status_code == 401
-    assert fresh_host.predict("nope", body, KEY).status_code == 404
+    assert fresh_host.predict("nope", body, KEY).status_code == 401  # as a wrong key
     codes = [fresh_host.predict("keyed", body, slow).status_code for _ in range(4)]
     assert codes[0] == 200 and 429 in codes
     limited = fresh_host.predict("keyed", body, slow)
@@ -198,7 +198,7 @@ def test_a_predictor_process_that_dies_is_replaced(fresh_host, exports):
     [predictor] = [
         p
         for p in psutil.Process(fresh_host.proc.pid).children()
-        if "spawn_main" in " ".join(p.cmdline())
+        if "deployment.server.replica" in p.cmdline()
     ]
     os.kill(predictor.pid, signal.SIGKILL)
     # The call that finds the process dead fails (503, with the reason); the next ones wait
@@ -207,7 +207,8 @@ def test_a_predictor_process_that_dies_is_replaced(fresh_host, exports):
     assert first.status_code in (200, 503), first.text
     if first.status_code == 503:
         assert "died" in first.json()["error"]["message"]
-    assert fresh_host.predict("reviews", {"inputs": ["很好"]}, KEY).status_code == 200
+    second = fresh_host.predict("reviews", {"inputs": ["很好"]}, KEY)
+    assert second.status_code == 200, second.text
     assert fresh_host.state()["revisions"]["rev-a"]["state"] == "ready"
 
 
@@ -252,7 +253,7 @@ def test_a_predictor_killed_under_load_fails_only_the_requests_in_flight(fresh_h
     predictors = [
         p
         for p in psutil.Process(fresh_host.proc.pid).children()
-        if "spawn_main" in " ".join(p.cmdline())
+        if "deployment.server.replica" in p.cmdline()
     ]
     assert len(predictors) == 2
     killed_at = time.monotonic()

@@ -348,7 +348,9 @@ def test_a_new_team_walks_the_whole_chain(
     while len(predicted) < len(NEW_ROWS):
         assert time.monotonic() < deadline, predicted
         time.sleep(0.5)
-        for task in label_studio.client().tasks.list(project=second.ls_project_id, fields="all"):
+        for task in label_studio.client(second.team).tasks.list(
+            project=second.ls_project_id, fields="all"
+        ):
             for p in task.predictions or []:
                 data = p if isinstance(p, dict) else p.model_dump()
                 if data["model_version"].startswith("hotel-reviews:"):

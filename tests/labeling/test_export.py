@@ -4,11 +4,13 @@ import uuid
 
 import pytest
 
+from console.models import Membership
+from console.roles import Role
 from labeling import label_studio, services
 from labeling.consensus import cohen_kappa, resolve
 from tests.conftest import make_version
 from tests.labeling.test_label_studio import needs_label_studio
-from tests.labeling.test_sync import choice, task_ids
+from tests.labeling.test_sync import choice, member_account, task_ids
 
 
 def test_cohen_kappa_on_a_known_case():
@@ -49,7 +51,7 @@ def test_conflict_rules():
         ("reviewer", {1: "负面", 2: "负面", 3: None}),
     ],
 )
-def test_export_makes_a_version_with_the_agreed_labels(owner, team, rule, expected):
+def test_export_makes_a_version_with_the_agreed_labels(owner, team, make_user, rule, expected):
     dataset = services.dataset_create(
         actor=owner,
         team=team,
@@ -62,22 +64,20 @@ def test_export_makes_a_version_with_the_agreed_labels(owner, team, rule, expect
     project = services.labeling_project_push(
         services.labeling_project_create(actor=owner, version=version, name="导出", overlap=3).pk
     )
-    ls = label_studio.client()
-    people = [
-        ls.users.create(
-            username=f"a{i}-{uuid.uuid4().hex[:6]}",
-            email=f"a{i}-{uuid.uuid4().hex[:6]}@example.com",
-        )
-        for i in range(3)
-    ]
+    ls = label_studio.client(team)
+    # Annotators of the team, each with their Label Studio account.
+    users = [make_user(f"a{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
+    for user in users:
+        Membership.objects.create(team=team, user=user, role=Role.ANNOTATOR)
+    people = [member_account(team, user) for user in users]
     ids = task_ids(project)
     for person, label in zip(people, ["正面", "正面", "负面"], strict=True):
-        ls.annotations.create(id=ids[1], result=choice(label), completed_by=person.id)
-    ls.annotations.create(id=ids[2], result=choice("负面"), completed_by=people[0].id)
+        ls.annotations.create(id=ids[1], result=choice(label), completed_by=person)
+    ls.annotations.create(id=ids[2], result=choice("负面"), completed_by=people[0])
     services.labeling_project_sync(project.pk)
 
     job = services.labeling_project_export(
-        actor=owner, project=project, rule=rule, reviewer=people[2].email
+        actor=owner, project=project, rule=rule, reviewer=users[2].username
     )
     job = services.import_run(job.pk)
     exported = job.version

@@ -213,7 +213,7 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
 
     from labeling import label_studio, services
     from tests.conftest import make_jsonl_version
-    from tests.labeling.test_sync import task_ids
+    from tests.labeling.test_sync import member_account, task_ids
 
     def exported_rows(project):
         services.labeling_project_sync(project.pk)
@@ -223,7 +223,7 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
         with default_storage.open(job.version.data_file, "rb") as f:
             return [json.loads(line) for line in f]
 
-    ls = label_studio.client()
+    ls = label_studio.client(team)
     dataset = services.dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
     waiting = {"messages": [{"role": "user", "content": "写一句秋天的诗"}]}
     version = make_jsonl_version(dataset, owner, [waiting], {"messages": "messages"})
@@ -232,6 +232,7 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
     )
     ls.annotations.create(
         id=task_ids(project)[1],
+        completed_by=member_account(team, owner),
         result=[
             {
                 "from_name": "response",
@@ -262,6 +263,7 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
     )
     ls.annotations.create(
         id=task_ids(pair_project)[1],
+        completed_by=member_account(team, owner),
         result=[
             {
                 "from_name": "preference",

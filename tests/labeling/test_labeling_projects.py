@@ -8,6 +8,7 @@ from labeling import label_studio, services
 from labeling.models import LabelingProject
 from tests.conftest import make_jsonl_version, make_version
 from tests.labeling.test_label_studio import needs_label_studio
+from tests.labeling.test_sync import member_account
 
 pytestmark = needs_label_studio
 
@@ -24,7 +25,8 @@ def dataset(owner, team):
 
 
 def ls_tasks(project: LabelingProject) -> list:
-    return list(label_studio.client().tasks.list(project=project.ls_project_id, fields="all"))
+    ls = label_studio.client(project.team)
+    return list(ls.tasks.list(project=project.ls_project_id, fields="all"))
 
 
 def first_prediction(task) -> dict:
@@ -46,7 +48,7 @@ def test_push_makes_the_project_and_its_tasks_with_labels_as_predictions(owner, 
     version = make_version(dataset, owner, rows)
     project = push(owner, version, instructions="按情感倾向选择", overlap=2)
     assert project.status == "ready" and project.tasks_total == project.tasks_pushed == 3
-    stored = label_studio.client().projects.get(id=project.ls_project_id)
+    stored = label_studio.client(project.team).projects.get(id=project.ls_project_id)
     assert stored.maximum_annotations == 2 and "正面" in stored.label_config
     assert stored.title.startswith(f"{dataset.team.slug} · 第一轮标注")
     tasks = {t.data["platform_row"]: t for t in ls_tasks(project)}
@@ -149,7 +151,7 @@ def test_preannotations_go_to_label_studio_least_confident_first(owner, dataset)
         )
         == 3
     )
-    ls = label_studio.client()
+    ls = label_studio.client(project.team)
     stored = ls.projects.get(id=project.ls_project_id)
     assert stored.sampling == "Uncertainty sampling"
     scores = {}
@@ -193,12 +195,13 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
     labels = {"labels": ["正面", "负面", "中立"]}
     relabeled = api.patch(f"{base}{project_id}/", labels, format="json")
     assert relabeled.status_code == 200 and relabeled.json()["labels"] == ["正面", "负面", "中立"]
-    ls = label_studio.client()
+    ls = label_studio.client(team)
     assert "中立" in ls.projects.get(id=detail["ls_project_id"]).label_config
     project = LabelingProject.objects.get(pk=project_id)
     first = project.tasks.get(row=1).ls_task_id
     ls.annotations.create(
         id=first,
+        completed_by=member_account(team, owner),
         result=[
             {
                 "from_name": "label",
@@ -233,7 +236,7 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
 def test_labels_are_editable_until_the_first_annotation(owner, dataset):
     project = push(owner, make_version(dataset, owner))
     services.labeling_project_set_labels(actor=owner, project=project, labels=["好评", "差评"])
-    ls = label_studio.client()
+    ls = label_studio.client(project.team)
     assert "好评" in ls.projects.get(id=project.ls_project_id).label_config
     task_id = project.tasks.first().ls_task_id
     ls.annotations.create(
@@ -259,5 +262,6 @@ def test_ten_thousand_tasks_are_pushed(owner, dataset):
     ]
     project = push(owner, make_version(dataset, owner, rows))
     assert project.tasks_pushed == project.tasks_total == 10_000
-    assert label_studio.client().projects.get(id=project.ls_project_id).task_number == 10_000
+    stored = label_studio.client(project.team).projects.get(id=project.ls_project_id)
+    assert stored.task_number == 10_000
     assert project.tasks.values("ls_task_id").distinct().count() == 10_000

@@ -45,6 +45,7 @@ def own_label_studio(tmp_path, settings):
         ls.wait_until_up(url, server["proc"])
         settings.LABEL_STUDIO_URL = url
         settings.LABEL_STUDIO_TOKEN = ls.create_token(url, password)
+        settings.LABEL_STUDIO_DATA_DIR = data_dir  # where its teams' organisations are made
         label_studio._client.cache_clear()
         yield server, restart
     finally:
@@ -69,7 +70,7 @@ def test_label_studio_killed_mid_sync_and_restarted_loses_nothing(owner, team, o
     project = services.labeling_project_push(
         services.labeling_project_create(actor=owner, version=version, name="重启").pk
     )
-    ls = label_studio.client()
+    ls = label_studio.client(project.team)
     for row, task_id in task_ids(project).items():
         ls.annotations.create(id=task_id, result=choice("正面" if row % 2 else "负面"))
 

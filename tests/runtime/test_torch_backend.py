@@ -199,7 +199,9 @@ def test_resume_from_checkpoint(tmp_path: Path, events) -> None:
     saved = [d["step"] for k, d in events if k == "checkpoint"]
     assert saved == [2, 4, 6]  # every 2 steps within the epoch, then at its end
     assert "resumed" not in [k for k, _ in events]
-    assert (workdir / "checkpoint" / "optimizer.pt").is_file()
+    # The optimizer's state as safetensors and JSON: nothing the runner reads is a pickle.
+    assert (workdir / "checkpoint" / "optimizer.safetensors").is_file()
+    assert (workdir / "checkpoint" / "optimizer.json").is_file()
     assert (workdir / "checkpoint" / "model.safetensors").is_file()
 
     spec.hyperparameters.epochs = 2

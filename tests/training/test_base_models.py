@@ -92,17 +92,21 @@ def test_a_directory_on_the_server_is_imported_with_the_sha256_of_each_file(
     assert model.backend == "paddle" and model.architecture == "ernie"
     assert model.summary["layers"] == 2 and model.summary["hidden_size"] == 64
     files = model.manifest["files"]
+    # The pickled weights are stored converted to safetensors; the server's copy is untouched.
     assert set(files) == {
         "config.json",
-        "model_state.pdparams",
+        "model.safetensors",
         "tokenizer_config.json",
         "vocab.txt",
     }
+    assert (paddle_base / "model_state.pdparams").is_file()
+    assert model.summary["converted"] == {"model_state.pdparams": "model.safetensors"}
     for name, meta in files.items():
-        digest = hashlib.sha256((paddle_base / name).read_bytes()).hexdigest()
-        assert meta["sha256"] == digest
         with default_storage.open(model.storage_prefix + name, "rb") as f:
-            assert hashlib.sha256(f.read()).hexdigest() == digest
+            digest = hashlib.sha256(f.read()).hexdigest()
+        assert meta["sha256"] == digest
+        if name != "model.safetensors":
+            assert hashlib.sha256((paddle_base / name).read_bytes()).hexdigest() == digest
 
 
 @pytest.mark.parametrize("fmt", ["tar.gz", "zip"])
@@ -214,6 +218,8 @@ def test_the_api_imports_a_base_model_by_path_and_by_upload(client, team, owner,
     )
     assert by_path.status_code == 201, by_path.content
     assert by_path.json()["summary"]["layers"] == 2 and not by_path.json()["shared"]
+    owner.is_staff = True  # only site staff share a model with every team
+    owner.save()
     upload = client.post(
         url, {"name": "shared", "archive": _archive(paddle_base, "zip"), "shared": "true"}
     )

@@ -40,12 +40,11 @@ def test_lora_sft_and_dpo_train_with_each_backend(team, owner, make_dataset, kin
     manifest = model.manifest
     assert manifest["objective"] == {"instruction": "sft", "preference": "dpo"}[kind]
     assert manifest["tokenizer"] == {"type": "chat", "file": "tokenizer.json"}
-    weights = {"paddle": "model_state.pdparams", "torch": "model.safetensors"}[backend]
-    for name in (weights, "config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"):
         assert f"export/{name}" in model.files
     # The LoRA adapter alone comes with the merged weights.
     assert model.manifest["adapter_dir"] == "adapter"
-    adapter = {"paddle": "lora_model_state.pdparams", "torch": "adapter_model.safetensors"}
+    adapter = {"paddle": "peft_model.safetensors", "torch": "adapter_model.safetensors"}
     assert f"export/adapter/{adapter[backend]}" in model.files
     config = json.loads(default_storage.open(model.storage_prefix + "export/config.json").read())
     assert config["num_hidden_layers"] == 2  # LoRA merged: a plain model of the architecture
@@ -156,10 +155,10 @@ def test_a_causal_lm_is_imported_with_its_size_context_and_memory_estimate(
         summary = model.summary
         assert summary["causal_lm"] and model.architecture == "llama"
         assert summary["context_length"] == 512 and summary["layers"] == 2
-        weights = {"paddle": "model_state.pdparams", "torch": "model.safetensors"}[backend]
-        assert {"config.json", "tokenizer.json", "tokenizer_config.json", weights} <= set(
-            model.manifest["files"]
-        )
+        files = set(model.manifest["files"])
+        assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= files
+        # Weights are stored as safetensors only (a pickled model_state.pdparams converted).
+        assert "model.safetensors" in files and not any(f.endswith(".pdparams") for f in files)
     # The count from the config is the weights' own: float32 file ≈ 4 bytes a parameter.
     size = (llm_dirs["torch"] / "model.safetensors").stat().st_size
     assert summary["parameters"] == pytest.approx(size / 4, rel=0.01)

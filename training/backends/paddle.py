@@ -16,9 +16,53 @@ from training.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
 from training.loop import BEST, VOCAB, fit
 from training.presets import PRESETS
 from training.spec import JobSpec
+from training.weights import refuse_pickles
 
-WEIGHTS = "model_state.pdparams"
-OPTIMIZER = "optimizer.pdopt"
+WEIGHTS = "model.safetensors"  # PaddleNLP's safetensors name (save_pretrained, from_pretrained)
+OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (training.weights.save_state)
+
+
+def save_paddle_state(directory: Path, tree) -> None:
+    """An optimizer's state as safetensors and JSON: nothing the runner reads is a pickle."""
+    import paddle
+    from safetensors.numpy import save_file
+
+    from training.weights import save_state
+
+    def as_array(value):
+        return value.numpy() if isinstance(value, paddle.Tensor) else None
+
+    save_state(directory / OPTIMIZER, tree, as_array, save_file)
+
+
+def load_paddle_state(directory: Path):
+    import paddle
+    from safetensors.numpy import load_file
+
+    from training.weights import load_state
+
+    return load_state(
+        directory / OPTIMIZER,
+        lambda path: {k: paddle.to_tensor(v) for k, v in load_file(str(path)).items()},
+    )
+
+
+def load_paddle_weights(directory: Path) -> dict:
+    """The safetensors weights of a directory (one file, or the shards of its index)."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    index = directory / (WEIGHTS + ".index.json")
+    names = (
+        sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
+        if index.is_file()
+        else [WEIGHTS]
+    )
+    state: dict = {}
+    for name in names:
+        state.update(load_file(str(directory / name)))
+    return state
 
 
 def paddle_device(spec: JobSpec) -> str:
@@ -47,6 +91,7 @@ class PaddleOps:
         self.head = space.head
         cls = ErnieForTokenClassification if space.head == TOKEN else ErnieForSequenceClassification
         if spec.base_model_dir:
+            refuse_pickles(Path(spec.base_model_dir))
             config = ErnieConfig.from_pretrained(spec.base_model_dir)
             config.num_labels = space.num_outputs
         else:
@@ -54,7 +99,9 @@ class PaddleOps:
             config = ErnieConfig(vocab_size=vocab_size, num_labels=space.num_outputs, **arch)
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.hp.dropout
         if spec.base_model_dir:
-            self.model = cls.from_pretrained(spec.base_model_dir, config=config)
+            self.model = cls.from_pretrained(
+                spec.base_model_dir, config=config, use_safetensors=True
+            )
         else:
             self.model = cls(config)
         decay = [
@@ -131,18 +178,14 @@ class PaddleOps:
         return out
 
     def save(self, directory: Path, with_optimizer: bool) -> None:
-        import paddle
-
-        self.model.save_pretrained(str(directory))
+        self.model.save_pretrained(str(directory), safe_serialization=True)
         if with_optimizer:
-            paddle.save(self.optimizer.state_dict(), str(directory / OPTIMIZER))
+            save_paddle_state(directory, self.optimizer.state_dict())
 
     def load(self, directory: Path, with_optimizer: bool) -> None:
-        import paddle
-
-        self.model.set_state_dict(paddle.load(str(directory / WEIGHTS)))
+        self.model.set_state_dict(load_paddle_weights(directory))
         if with_optimizer:
-            self.optimizer.set_state_dict(paddle.load(str(directory / OPTIMIZER)))
+            self.optimizer.set_state_dict(load_paddle_state(directory))
 
 
 class PaddleBackend(Backend):
@@ -174,7 +217,7 @@ class PaddleBackend(Backend):
         paddle.set_device("cpu")  # export traces the graph; the runtime picks the device
         kind = LabelSpace(spec.task_kind, tuple(spec.labels)).head
         cls = ErnieForTokenClassification if kind == TOKEN else ErnieForSequenceClassification
-        model = cls.from_pretrained(str(workdir / BEST))
+        model = cls.from_pretrained(str(workdir / BEST), use_safetensors=True)
         model.eval()
         static = paddle.jit.to_static(
             model,

@@ -1,23 +1,26 @@
 """Causal LMs on the paddle backend: PaddleNLP's ``AutoModelForCausalLM`` (LLaMA, Qwen2, the
 ERNIE families it builds) or the LLaMA preset, LoRA from ``paddlenlp.peft``, and the shared
 SFT/DPO loop of ``training.llm``. The export is the merged model in PaddleNLP's layout
-(``model_state.pdparams`` + ``config.json``) with the tokenizer's files."""
+(``model.safetensors`` + ``config.json``) with the tokenizer's files. Nothing here is a pickle:
+weights, trained weights and the optimizer's state are safetensors."""
 
 import resource
 from pathlib import Path
 
 import numpy as np
 
-from training.backends.paddle import paddle_device
+from training.backends.paddle import load_paddle_state, paddle_device, save_paddle_state
 from training.chat import IGNORE, ChatTokenizer
 from training.generation import position_ids
 from training.llm import lora_targets
 from training.presets import LLM_PRESETS
 from training.spec import JobSpec
+from training.weights import refuse_pickles
 
-TRAINED = "trained.pdparams"
+TRAINED = "trained.safetensors"
 ADAPTER = "adapter"
-OPTIMIZER = "optimizer.pdopt"
+# PaddleNLP's LoRA loader finds safetensors adapters through their index.
+ADAPTER_WEIGHTS = "peft_model.safetensors"
 
 
 def _logits(output):
@@ -41,8 +44,9 @@ class PaddleLLMOps:
         paddle.set_device(self.device)
         paddle.seed(hp.seed)
         if spec.base_model_dir:
+            refuse_pickles(Path(spec.base_model_dir))
             self.model = AutoModelForCausalLM.from_pretrained(
-                spec.base_model_dir, dtype="float32", recompute=hp.recompute
+                spec.base_model_dir, dtype="float32", recompute=hp.recompute, use_safetensors=True
             )
         else:
             arch = {**LLM_PRESETS[spec.preset], **spec.model_config}
@@ -147,37 +151,53 @@ class PaddleLLMOps:
         return PaddleLM(self.model)
 
     def save(self, directory: Path, with_optimizer: bool) -> None:
-        import paddle
+        from safetensors.numpy import save_file
 
-        state = {k: v for k, v in self.model.state_dict().items() if k in self._state_keys()}
-        paddle.save(state, str(directory / TRAINED))
+        state = {
+            k: v.numpy() for k, v in self.model.state_dict().items() if k in self._state_keys()
+        }
+        save_file(state, str(directory / TRAINED), metadata={"format": "np"})
         if with_optimizer:
-            paddle.save(self.optimizer.state_dict(), str(directory / OPTIMIZER))
+            save_paddle_state(directory, self.optimizer.state_dict())
 
     def _state_keys(self) -> set[str]:
         # state_dict's names of the trained parameters (LoRA: the adapters only).
         return self.trained
 
     def load(self, directory: Path, with_optimizer: bool) -> None:
-        import paddle
+        from safetensors.numpy import load_file
 
-        self.model.set_state_dict(paddle.load(str(directory / TRAINED)))
+        self.model.set_state_dict(load_file(str(directory / TRAINED)))
         if with_optimizer:
-            self.optimizer.set_state_dict(paddle.load(str(directory / OPTIMIZER)))
+            self.optimizer.set_state_dict(load_paddle_state(directory))
 
     def export(self, directory: Path) -> dict:
         model = self.model
-        files = {"model_file": "model_state.pdparams", "config_file": "config.json"}
+        files = {"model_file": "model.safetensors", "config_file": "config.json"}
         if self.spec.hp.method == "lora":
-            # The adapter alone as well (lora_model_state.pdparams, lora_config.json), for
-            # whoever applies it to the base model elsewhere.
-            model.save_pretrained(str(directory / ADAPTER))
+            # The adapter alone as well (peft_model.safetensors and its index,
+            # lora_config.json), for whoever applies it to the base model elsewhere.
+            self._save_adapter(directory / ADAPTER)
             files["adapter_dir"] = ADAPTER
             model.merge()
             model = model.restore_original_model()
         model.eval()
-        model.save_pretrained(str(directory))
+        model.save_pretrained(str(directory), safe_serialization=True)
         return files
+
+    def _save_adapter(self, directory: Path) -> None:
+        """PaddleNLP's LoRAModel.save_pretrained pickles (paddle.save); the same files as
+        safetensors, which its LoRAModel.from_pretrained reads through the index."""
+        from safetensors.numpy import save_file
+
+        from training.weights import write_index
+
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.numpy() for k, v in self.model.get_trainable_state_dict().items()}
+        save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "np"})
+        write_index(directory / ADAPTER_WEIGHTS, state)
+        self.model.lora_config.save_pretrained(str(directory))
+        self.model.model.config.save_pretrained(str(directory))
 
     def peak_memory_mb(self) -> float | None:
         import paddle

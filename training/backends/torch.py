@@ -26,6 +26,7 @@ from training.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
 from training.loop import BEST, VOCAB, fit
 from training.presets import PRESETS
 from training.spec import JobSpec
+from training.weights import refuse_pickles
 
 # Training nodes are offline: a missing file must fail, not start a download from the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,7 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
-OPTIMIZER = "optimizer.pt"
+OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (training.weights.save_state)
 ONNX_FILE = "model.onnx"
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 # Weight files of a Hugging Face (PyTorch) checkpoint; a PaddleNLP one has model_state.pdparams.
@@ -99,6 +100,27 @@ def check_checkpoint(directory: Path) -> None:
         )
 
 
+def save_torch_state(directory: Path, tree: Any) -> None:
+    """An optimizer's state as safetensors and JSON: nothing the runner reads is a pickle."""
+    import torch
+    from safetensors.torch import save_file
+
+    from training.weights import save_state
+
+    def as_array(value: Any) -> Any:
+        return value.detach().contiguous() if isinstance(value, torch.Tensor) else None
+
+    save_state(directory / OPTIMIZER, tree, as_array, save_file)
+
+
+def load_torch_state(directory: Path, device: Any) -> Any:
+    from safetensors.torch import load_file
+
+    from training.weights import load_state
+
+    return load_state(directory / OPTIMIZER, lambda path: load_file(str(path), device=str(device)))
+
+
 def bert_config(spec: JobSpec, vocab_size: int, num_labels: int) -> Any:
     from transformers import BertConfig
 
@@ -122,6 +144,7 @@ class TorchOps:
         if spec.base_model_dir:
             base = Path(spec.base_model_dir)
             check_checkpoint(base)
+            refuse_pickles(base)
             self.model = head_classes(space.head, auto=True).from_pretrained(
                 str(base),
                 num_labels=space.num_outputs,
@@ -130,6 +153,7 @@ class TorchOps:
                 ignore_mismatched_sizes=True,
                 hidden_dropout_prob=spec.hp.dropout,
                 attention_probs_dropout_prob=spec.hp.dropout,
+                use_safetensors=True,
             )
         else:
             config = bert_config(spec, vocab_size, space.num_outputs)
@@ -221,14 +245,12 @@ class TorchOps:
         return out
 
     def save(self, directory: Path, with_optimizer: bool) -> None:
-        import torch
 
         self.model.save_pretrained(str(directory), safe_serialization=True)
         if with_optimizer:
-            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER)
+            save_torch_state(directory, self.optimizer.state_dict())
 
     def load(self, directory: Path, with_optimizer: bool) -> None:
-        import torch
         from safetensors.torch import load_file
 
         index = directory / WEIGHTS_INDEX
@@ -242,9 +264,7 @@ class TorchOps:
             state.update(load_file(str(directory / name), device=str(self.device)))
         self.model.load_state_dict(state)
         if with_optimizer:
-            self.optimizer.load_state_dict(
-                torch.load(directory / OPTIMIZER, map_location=self.device, weights_only=True)
-            )
+            self.optimizer.load_state_dict(load_torch_state(directory, self.device))
 
 
 def logits_module(model: Any) -> Any:
@@ -290,7 +310,10 @@ class TorchBackend(Backend):
         head = LabelSpace(spec.task_kind, tuple(spec.labels)).head
         # Eager attention: the SDPA path's mask handling does not trace to a portable graph.
         model = head_classes(head, auto=True).from_pretrained(
-            str(workdir / BEST), local_files_only=True, attn_implementation="eager"
+            str(workdir / BEST),
+            local_files_only=True,
+            attn_implementation="eager",
+            use_safetensors=True,
         )
         module = logits_module(model.to("cpu").float())
         # A batch of two with a padded row, so nothing specialises on batch 1 or a full mask.

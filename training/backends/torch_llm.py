@@ -8,16 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
-from training.backends.torch import head_classes, torch_device
+from training.backends.torch import head_classes, load_torch_state, save_torch_state, torch_device
 from training.chat import IGNORE, ChatTokenizer
 from training.generation import position_ids
 from training.llm import lora_targets
 from training.presets import LLM_PRESETS
 from training.spec import JobSpec
+from training.weights import refuse_pickles
 
-TRAINED = "trained.pt"
+TRAINED = "trained.safetensors"
 ADAPTER = "adapter"
-OPTIMIZER = "optimizer.pt"
 
 
 class TorchLLMOps:
@@ -34,8 +34,12 @@ class TorchLLMOps:
         self.device = torch_device(spec.device)
         torch.manual_seed(hp.seed)
         if spec.base_model_dir:
+            refuse_pickles(Path(spec.base_model_dir))
             self.model = AutoModelForCausalLM.from_pretrained(
-                spec.base_model_dir, torch_dtype=torch.float32, local_files_only=True
+                spec.base_model_dir,
+                torch_dtype=torch.float32,
+                local_files_only=True,
+                use_safetensors=True,
             )
         else:
             arch = {
@@ -152,22 +156,26 @@ class TorchLLMOps:
         return TorchLM(self.model, self.device)
 
     def save(self, directory: Path, with_optimizer: bool) -> None:
-        import torch
+        from safetensors.torch import save_file
 
-        state = {k: v for k, v in self.model.state_dict().items() if k in self.trained}
-        torch.save(state, directory / TRAINED)
+        # Tied weights (embeddings and the LM head) are one tensor: kept once, safetensors
+        # refuses shared memory, and loading one sets both.
+        state, seen = {}, set()
+        for k, v in self.model.state_dict().items():
+            if k in self.trained and v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                state[k] = v.detach().contiguous()
+        save_file(state, str(directory / TRAINED), metadata={"format": "pt"})
         if with_optimizer:
-            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER)
+            save_torch_state(directory, self.optimizer.state_dict())
 
     def load(self, directory: Path, with_optimizer: bool) -> None:
-        import torch
+        from safetensors.torch import load_file
 
-        state = torch.load(directory / TRAINED, map_location=self.device, weights_only=True)
+        state = load_file(str(directory / TRAINED), device=str(self.device))
         self.model.load_state_dict(state, strict=False)
         if with_optimizer:
-            self.optimizer.load_state_dict(
-                torch.load(directory / OPTIMIZER, map_location=self.device, weights_only=True)
-            )
+            self.optimizer.load_state_dict(load_torch_state(directory, self.device))
 
     def export(self, directory: Path) -> dict:
         model = self.model

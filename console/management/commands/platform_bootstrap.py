@@ -1,8 +1,10 @@
 """Create the first administrator and team on an empty platform, and print how to log in.
 
 The login comes from PLATFORM_ADMIN_USERNAME / PLATFORM_ADMIN_PASSWORD when set; otherwise the
-user is ``admin`` with a generated password, kept (mode 0600) in the data directory's
-``initial_admin_password`` so that the next ``make run`` can print it again.
+user is ``admin`` with a generated password. A generated password is printed once, when the
+account is created, and written (mode 0600) to the data directory's ``initial_admin_password``;
+later starts print where it is (or how to set a new one), never the password itself: a start's
+output goes to terminals, logs and journals that others read.
 """
 
 import os
@@ -30,11 +32,15 @@ class Command(BaseCommand):
         password = os.environ.get("PLATFORM_ADMIN_PASSWORD", "")
         first_admin = User.objects.filter(is_superuser=True).order_by("pk").first()
         if first_admin is None:
-            if not password:
+            generated = not password
+            if generated:
                 password = secrets.token_urlsafe(12)
                 settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
-                password_file.touch(mode=0o600)
-                password_file.write_text(password + "\n")
+                # Created 0600 (or made so): the file may be left from an earlier database.
+                fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.fchmod(fd, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(password + "\n")
             with transaction.atomic():
                 admin, _created = User.objects.get_or_create(username=username)
                 # An existing account of that name becomes the administrator.
@@ -50,9 +56,12 @@ class Command(BaseCommand):
                 )
                 if not Membership.objects.filter(user=admin).exists():
                     team_create(actor=admin, name="默认团队")
+            shown = password if generated else "(PLATFORM_ADMIN_PASSWORD)"
         else:
             username = first_admin.get_username()
-            if not password and password_file.exists():
-                password = password_file.read_text().strip()
-        shown = password or "(the password you set; PLATFORM_ADMIN_PASSWORD)"
+            if password_file.exists():
+                shown = f"(the initial password is in {password_file})"
+            else:
+                shown = "(the password you set)"
+            shown += f"; a new one: python manage.py changepassword {username}"
         self.stdout.write(f"\n  控制台 Console : {url}\n  登录 Login     : {username} / {shown}\n")

@@ -1,0 +1,328 @@
+"""Label Studio, tried by an insider: the real Label Studio 1.23.2 that `make test` starts, with
+two teams (Alpha and Beta), each in its own organisation.
+
+The accounts are the ones the platform hands over: the console's "open in Label Studio" sets
+Label Studio's session cookie of the user's own account; with that session, an account can
+also make itself an API token (Label Studio's account page does the same).
+"""
+
+import http.server
+import logging
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from console.models import Membership
+from console.roles import Role
+from labeling import label_studio, services
+from labeling.models import Annotation
+from tests.conftest import make_version
+from tests.labeling.test_label_studio import needs_label_studio
+from tests.labeling.test_sync import choice, task_ids
+
+pytestmark = needs_label_studio
+
+DENIED = (401, 403, 404)
+
+
+class Browser:
+    """A browser holding the Label Studio session the console handed over."""
+
+    def __init__(self, session: str) -> None:
+        self.base = label_studio.settings.LABEL_STUDIO_URL
+        self.http = httpx.Client(base_url=self.base, cookies={"sessionid": session}, timeout=30)
+        self.http.get("/user/login/")  # Label Studio sets its CSRF cookie on a page
+
+    def _headers(self) -> dict:
+        return {
+            "X-CSRFToken": self.http.cookies.get("csrftoken", ""),
+            "Referer": f"{self.base}/projects/",
+        }
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return self.http.get(path, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        return self.http.post(path, headers=self._headers(), **kw)
+
+    def delete(self, path: str) -> httpx.Response:
+        return self.http.delete(path, headers=self._headers())
+
+    def token(self) -> "TokenClient":
+        """An API token of the account's own (Label Studio's "reset token")."""
+        made = self.post("/api/current-user/reset-token/")
+        assert made.status_code == 201, made.text
+        return TokenClient(made.json()["token"])
+
+
+class TokenClient:
+    def __init__(self, key: str) -> None:
+        self.http = httpx.Client(
+            base_url=label_studio.settings.LABEL_STUDIO_URL,
+            headers={"Authorization": f"Token {key}"},
+            timeout=30,
+        )
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return self.http.get(path, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        return self.http.post(path, **kw)
+
+    def delete(self, path: str) -> httpx.Response:
+        return self.http.delete(path)
+
+
+def project_ids(response: httpx.Response) -> set[int]:
+    if response.status_code != 200:
+        return set()
+    body = response.json()
+    items = body["results"] if isinstance(body, dict) else body
+    return {p["id"] for p in items}
+
+
+@pytest.fixture
+def teams(make_user, make_team):
+    """Alpha and Beta, each with an owner and an annotator, and a pushed labeling project."""
+    people = {n: make_user(n) for n in ("olivia", "alice", "carol", "oscar", "bob")}
+    alpha = make_team(
+        "Alpha",
+        {
+            people["olivia"]: Role.OWNER,
+            people["alice"]: Role.ANNOTATOR,
+            people["carol"]: Role.ANNOTATOR,
+        },
+    )
+    beta = make_team("Beta", {people["oscar"]: Role.OWNER, people["bob"]: Role.ANNOTATOR})
+    projects = {}
+    for team, owner in ((alpha, people["olivia"]), (beta, people["oscar"])):
+        dataset = services.dataset_create(
+            actor=owner,
+            team=team,
+            name=f"评论-{uuid.uuid4().hex[:6]}",
+            task_kind="text_classification",
+            labels=["正面", "负面"],
+        )
+        rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
+        version = make_version(dataset, owner, rows)
+        created = services.labeling_project_create(
+            actor=owner, version=version, name="标注", overlap=3
+        )
+        projects[team.slug] = services.labeling_project_push(created.pk)
+    return {"alpha": alpha, "beta": beta, "projects": projects, **people}
+
+
+def hand_over(client, user, team, project) -> Browser:
+    """The console's "open in Label Studio", as ``user``."""
+    client.force_login(user)
+    response = client.get(f"/t/{team.slug}/labeling/{project.pk}/open/")
+    assert response.status_code == 302, response.content[:300]
+    return Browser(response.cookies["sessionid"].value)
+
+
+def assert_no_access(who, project) -> None:
+    """``who`` (a session or a token) neither lists nor reaches ``project`` in Label Studio:
+    not its page of data, its tasks, its export, its annotations, nor its deletion."""
+    ls_id = project.ls_project_id
+    task = next(iter(task_ids(project).values()))
+    assert ls_id not in project_ids(who.get("/api/projects/", params={"page_size": 1000}))
+    assert who.get(f"/api/projects/{ls_id}/").status_code in DENIED
+    export = who.get(f"/api/projects/{ls_id}/export", params={"exportType": "JSON"})
+    assert export.status_code in DENIED and "房间" not in export.text
+    assert who.get(f"/api/tasks/{task}/").status_code in DENIED
+    listed = who.get("/api/tasks/", params={"project": ls_id})
+    assert listed.status_code in DENIED or not listed.json().get("tasks"), listed.text[:300]
+    vote = who.post(f"/api/tasks/{task}/annotations/", json={"result": choice("负面")})
+    assert vote.status_code in DENIED
+    assert who.delete(f"/api/projects/{ls_id}/").status_code in DENIED
+    # Still there, untouched, for its own team.
+    ls = label_studio.client(project.team)
+    assert ls.projects.get(id=ls_id).id == ls_id
+    assert not [a for t in ls.tasks.list(project=ls_id, fields="all") for a in t.annotations or []]
+
+
+def test_another_teams_annotator_reaches_no_project_of_the_team(client, teams):
+    alpha_project, beta_project = teams["projects"]["alpha"], teams["projects"]["beta"]
+    bob = hand_over(client, teams["bob"], teams["beta"], beta_project)
+    # Bob works in his own team's project…
+    assert beta_project.ls_project_id in project_ids(bob.get("/api/projects/"))
+    # …and reaches nothing of Alpha's, through the session handed over or his own token.
+    assert_no_access(bob, alpha_project)
+    assert_no_access(bob.token(), alpha_project)
+    # Alpha's annotator, for contrast, reaches Alpha's project.
+    alice = hand_over(client, teams["alice"], teams["alpha"], alpha_project)
+    assert alice.get(f"/api/projects/{alpha_project.ls_project_id}/").status_code == 200
+
+
+def test_votes_of_accounts_that_are_no_labeling_members_do_not_count(client, teams):
+    """Alice, an annotator of Alpha, makes two Label Studio accounts in Alpha's organisation
+    (Label Studio lets any member do it) and votes with them against her own label. The sync
+    rejects their votes with the reason; the majority export follows the members only; the
+    next reconciliation puts the accounts out of the organisation."""
+    project = teams["projects"]["alpha"]
+    alice = hand_over(client, teams["alice"], teams["alpha"], project)
+    task = task_ids(project)[1]
+    puppets = []
+    for _ in range(2):
+        tag = uuid.uuid4().hex[:8]
+        made = alice.post("/api/users/", json={"username": tag, "email": f"{tag}@example.com"})
+        assert made.status_code == 201, made.text
+        puppets.append(made.json()["id"])
+    own = alice.post(f"/api/tasks/{task}/annotations/", json={"result": choice("正面")})
+    assert own.status_code == 201, own.text
+    for puppet in puppets:
+        vote = alice.post(
+            f"/api/tasks/{task}/annotations/",
+            json={"result": choice("负面"), "completed_by": puppet},
+        )
+        assert vote.status_code == 201, vote.text
+
+    services.labeling_project_sync(project.pk)
+    rejected = Annotation.objects.filter(project=project).exclude(rejected="")
+    assert sorted(rejected.values_list("annotator_ls_id", flat=True)) == sorted(puppets)
+    assert all("no platform member of the team" in a.rejected for a in rejected)
+    counted = Annotation.objects.get(project=project, rejected="")
+    assert counted.annotator == "alice"
+    # The project's page and API list them, with the reason.
+    client.force_login(teams["olivia"])
+    detail = client.get(f"/api/v1/teams/alpha/labeling-projects/{project.pk}/").json()
+    assert detail["progress"]["annotations"] == 1 and detail["progress"]["rejected"] == 2
+    assert {r["reason"] for r in detail["rejected"]} == {rejected.first().rejected}
+    page = client.get(f"/t/alpha/labeling/{project.pk}/")
+    assert b'data-testid="rejected"' in page.content
+
+    job = services.import_run(
+        services.labeling_project_export(actor=teams["olivia"], project=project, rule="majority").pk
+    )
+    import json
+
+    from django.core.files.storage import default_storage
+
+    version = job.version or job.identical_to
+    assert version is not None, job.error
+    with default_storage.open(version.data_file, "rb") as f:
+        first = json.loads(f.readline())
+    assert first["label"] == "正面"  # the outsiders' two votes decided nothing
+
+    services.label_studio_members_converge()
+    emails = {u.email for u in label_studio.client(teams["alpha"]).users.list()}
+    assert not any(e.endswith("@example.com") for e in emails), emails
+
+
+def test_removed_and_deactivated_members_lose_label_studio_access(client, teams):
+    """Alice is removed from Alpha, Carol's user is deactivated: after the reconciliation
+    neither their sessions nor their tokens reach Alpha's project."""
+    from labeling.tasks import reconcile_labeling_projects
+
+    project = teams["projects"]["alpha"]
+    sessions = {n: hand_over(client, teams[n], teams["alpha"], project) for n in ("alice", "carol")}
+    tokens = {n: s.token() for n, s in sessions.items()}
+    for who in (*sessions.values(), *tokens.values()):
+        assert who.get(f"/api/projects/{project.ls_project_id}/").status_code == 200
+
+    Membership.objects.filter(team=teams["alpha"], user=teams["alice"]).delete()
+    teams["carol"].is_active = False
+    teams["carol"].save()
+    from console.celery import app
+
+    app.conf.task_always_eager = True
+    try:
+        reconcile_labeling_projects()
+    finally:
+        app.conf.task_always_eager = False
+    for who in (*sessions.values(), *tokens.values()):
+        assert_no_access(who, project)
+    # Carol's account is switched off altogether: her session and token are refused.
+    assert sessions["carol"].get("/api/current-user/whoami").status_code in DENIED
+    assert tokens["carol"].get("/api/current-user/whoami").status_code in DENIED
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    requests: list
+
+    def do_GET(self) -> None:
+        self._record()
+
+    def do_POST(self) -> None:
+        self._record()
+
+    def _record(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.requests.append((self.command, self.path, dict(self.headers), self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'[{"data": {"text": "internal secret"}}]')
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def internal_service():
+    """An internal HTTP service on loopback that records who calls it."""
+    handler = type("Handler", (Recorder,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    server.shutdown()
+
+
+def test_accounts_cannot_point_webhooks_or_imports_at_internal_addresses(
+    client, teams, internal_service, settings
+):
+    """Alice's token cannot make Label Studio call loopback, private or link-local addresses
+    (webhooks, URL imports); the platform's own webhook to loopback still arrives."""
+    base, calls = internal_service
+    project = teams["projects"]["alpha"]
+    alice = hand_over(client, teams["alice"], teams["alpha"], project).token()
+    for url in (f"{base}/steal", "http://10.0.0.1/", "http://169.254.169.254/latest/meta-data/"):
+        hook = alice.post(
+            "/api/webhooks/",
+            json={"url": url, "project": project.ls_project_id, "send_for_all_actions": True},
+        )
+        assert hook.status_code in (400, 403), (url, hook.text)
+    imported = alice.post(
+        f"/api/projects/{project.ls_project_id}/import",
+        data={"url": f"{base}/tasks.json"},
+    )
+    assert imported.status_code != 201 or not imported.json().get("task_count"), imported.text
+    ls = label_studio.client(project.team)
+    texts = [t.data.get("text") for t in ls.tasks.list(project=project.ls_project_id)]
+    assert "internal secret" not in texts
+
+    # The platform's webhook (its receiver's path on the platform's host) is delivered.
+    settings.PLATFORM_URL = base
+    services.labeling_project_webhook_register(project)
+    ls.annotations.create(id=task_ids(project)[1], result=choice("正面"))
+    deadline = time.monotonic() + 30
+    while not any(path.startswith("/hooks/label-studio/") for _m, path, _h, _b in calls):
+        assert time.monotonic() < deadline, "the platform's webhook did not arrive"
+        time.sleep(0.3)
+    assert all(path.startswith("/hooks/label-studio/") for _m, path, _h, _b in calls), calls
+    (hook,) = [h for _m, p, h, _b in calls if p.startswith("/hooks/")][:1]
+    assert services.WEBHOOK_SECRET_HEADER.lower() in {k.lower() for k in hook}
+
+
+def test_console_logout_ends_the_label_studio_session(client, teams):
+    project = teams["projects"]["alpha"]
+    client.force_login(teams["alice"])
+    response = client.get(f"/t/alpha/labeling/{project.pk}/open/")
+    alice = Browser(response.cookies["sessionid"].value)
+    assert alice.get("/api/current-user/whoami").status_code == 200
+
+    assert client.post("/logout/").status_code in (200, 302)
+    assert alice.get("/api/current-user/whoami").status_code in DENIED
+    assert alice.get(f"/api/projects/{project.ls_project_id}/").status_code in DENIED
+
+
+def test_the_hand_over_writes_no_invite_url_to_the_log(client, teams, caplog):
+    """Label Studio's invite URL carries its organisation's token: the hand-over of a new
+    account neither uses one nor writes one to the platform's log."""
+    caplog.set_level(logging.INFO)  # the web log's level (LOG_LEVEL)
+    hand_over(client, teams["carol"], teams["alpha"], teams["projects"]["alpha"])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "?token=" not in text and "/user/signup" not in text and "/api/invite" not in text

@@ -1,0 +1,211 @@
+"""The runner and the predictor processes hold no secrets and, where the platform runs as root
+(CI does), run as PLATFORM_RUNNER_USER: write only their own directory, read nothing of the data
+directory. A chat template cannot keep a process busy for ever."""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from tests.conftest import make_jsonl_version
+from tests.deployment.test_server import KEY, load, route
+from tests.training.conftest import rows_for, wait_for
+from tests.training.test_llm import llm_dirs  # noqa: F401 (a fixture)
+from training import sandbox, services
+from training.chat import ChatTemplateError, ChatTokenizer
+
+ROOT = os.geteuid() == 0
+# What the platform's processes hold that no sandboxed process may: names and values.
+SECRET_NAMES = (
+    "SECRET_KEY",
+    "SERVING_SECRET",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "AWS_SECRET_ACCESS_KEY",
+)
+
+
+def secrets_of_this_process() -> dict[str, str]:
+    return {n: os.environ[n] for n in SECRET_NAMES if os.environ.get(n)}
+
+
+def assert_no_secrets(environ: dict[str, str], secrets: dict[str, str]) -> None:
+    assert secrets, "the test runs with no secret in its environment to leak"
+    leaked = sorted(set(secrets) & set(environ))
+    assert not leaked, f"the sandboxed process holds {leaked}"
+    text = "\n".join(environ.values())
+    assert not [n for n, v in secrets.items() if v in text], "a secret's value leaked"
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def children_running(pid: int, marker: str) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if marker in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+# Run by the runner's own Python, as the runner is started: what it can read and write.
+PROBE = """
+import json, os, sys
+data_dir, base_dir, jobs = sys.argv[1:4]
+def can(f):
+    try:
+        f(); return True
+    except OSError:
+        return False
+def write(path):
+    with open(path, "w") as f: f.write("x")
+print(json.dumps({
+    "uid": os.getuid(), "groups": os.getgroups(), "umask": os.umask(0o077),
+    "env": dict(os.environ),
+    "list_data_dir": can(lambda: os.listdir(data_dir)),
+    "read_secret_key": can(lambda: open(os.path.join(data_dir, "secret_key")).read()),
+    "read_database": can(lambda: open(os.path.join(data_dir, "platform.sqlite3"), "rb").read(1)),
+    "read_media": can(lambda: os.listdir(os.path.join(data_dir, "media"))),
+    "write_data_dir": can(lambda: write(os.path.join(data_dir, "planted"))),
+    "write_code": can(lambda: write(os.path.join(base_dir, "planted.py"))),
+    "write_jobs_dir": can(lambda: write(os.path.join(jobs, "planted"))),
+    "list_jobs_dir": can(lambda: os.listdir(jobs)),
+    "write_own_workdir": can(lambda: write("own-file")),
+}))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("train_worker")
+def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner):
+    """A real job on the suite's train worker: its runner process (found under the worker)
+    holds none of the worker's secrets and, as root, is not root; then the runner's own
+    Python, started with exactly what the worker starts the runner with
+    (``services.runner_popen_args``), tries the data directory, the code and the directory
+    of all jobs' work directories; once the runner is gone, its directory is not its user's."""
+    from labeling import services as labeling_services
+
+    data_dir = Path(settings.DATA_DIR)
+    (data_dir / "secret_key").write_text("the-platform-secret-key-0123456789")
+    (data_dir / "platform.sqlite3").write_bytes(b"SQLite format 3\0")
+    dataset = labeling_services.dataset_create(
+        actor=owner, team=team, name="sandbox", task_kind="text_classification"
+    )
+    rows, mapping = rows_for("text_classification", 200)
+    version = make_jsonl_version(dataset, owner, rows, mapping)
+    job = services.training_job_submit(
+        actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
+    )
+    job = wait_for(job, until=lambda j: j.step > 0 or j.status == "failed")
+    assert job.status == "running", job.error
+    [runner] = children_running(job.pid, "training.run")
+    try:
+        env = environ_of(runner.pid)
+        secrets = {**secrets_of_this_process(), **_worker_secrets(job.pid)}
+        assert_no_secrets(env, secrets)
+        assert env["HOME"].startswith(str(services.job_workdir(job)))
+        if ROOT:
+            assert runner.uids().real != 0 and runner.uids().effective != 0
+            assert runner.uids().real == services.runner_sandbox().uid
+            assert 0 not in (runner.gids().real, runner.gids().effective)
+
+        started = services.runner_popen_args(job, services.job_workdir(job))
+        started["args"] = [
+            settings.TRAINING_PYTHON,
+            "-c",
+            PROBE,
+            str(data_dir),
+            str(settings.BASE_DIR),
+            str(services.job_workdir(job).parent),
+        ]
+        probe = subprocess.run(**started, capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0, probe.stderr
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert_no_secrets(seen["env"], secrets)
+        assert seen["write_own_workdir"] and seen["umask"] == 0o077
+        if ROOT:
+            assert seen["uid"] == services.runner_sandbox().uid != 0
+            assert 0 not in seen["groups"]
+            refused = [
+                "list_data_dir",
+                "read_secret_key",
+                "read_database",
+                "read_media",
+                "write_data_dir",
+                "write_code",
+                "write_jobs_dir",
+                "list_jobs_dir",
+            ]
+            assert {k: seen[k] for k in refused} == dict.fromkeys(refused, False)
+
+        # The runner dies: the job fails, and its work directory (its team's rows, kept for a
+        # retry) is closed to the runner's user, whose next job may be another team's.
+        runner.kill()
+        job = wait_for(job)
+        assert job.status == "failed"
+        workdir = services.job_workdir(job).stat()
+        if ROOT:
+            assert (workdir.st_uid, workdir.st_mode & 0o077) == (0, 0)
+    finally:
+        if job.status == "running":
+            services.training_job_cancel(actor=owner, job=job)
+            wait_for(job, timeout=30)
+
+
+def _worker_secrets(pid: int) -> dict[str, str]:
+    env = environ_of(pid)
+    return {n: env[n] for n in SECRET_NAMES if env.get(n)}
+
+
+def test_a_predictor_process_holds_no_secret_and_runs_unprivileged(fresh_host, exports):
+    """The serving host holds the management secret; the predictor process it starts for a
+    revision does not, nor any other secret of the host's, and (as root) is not root."""
+    load(fresh_host, "rev-sandbox", exports("text_classification"))
+    route(fresh_host, "reviews", {"rev-sandbox": 100})
+    assert fresh_host.predict("reviews", {"inputs": ["好"]}, KEY).status_code == 200
+    [predictor] = children_running(fresh_host.proc.pid, "deployment.server.replica")
+    host_env = environ_of(fresh_host.proc.pid)
+    secrets = {n: host_env[n] for n in SECRET_NAMES if host_env.get(n)}
+    assert "SERVING_SECRET" in secrets
+    assert_no_secrets(environ_of(predictor.pid), secrets)
+    if ROOT:
+        assert predictor.uids().effective == sandbox.runner_user("").uid != 0
+        # It reads a staged copy of the model, not the platform's (or the test's) own files.
+        assert not predictor.cwd().startswith(str(settings.DATA_DIR))
+
+
+LOOPING = (
+    "{% for i in range(10**9) %}x{% endfor %}",
+    "{% for a in range(9999) %}{% for b in range(9999) %}{% endfor %}{% endfor %}",
+    "{{ 'x' * 10**10 }}",
+    "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{{ ns.s }}",
+    "{{ '%0999999999d' % 1 }}",
+)
+
+
+@pytest.mark.parametrize("template", LOOPING)
+def test_a_chat_template_that_loops_for_ever_is_refused_at_import(llm_dirs, tmp_path, template):  # noqa: F811
+    """At import (base models are validated before any job or endpoint renders their
+    template) and where the runner and the serving host render it, within seconds."""
+    model = tmp_path / "looping"
+    shutil.copytree(llm_dirs["torch"], model)
+    (model / "chat_template.jinja").write_text(template)
+    started = time.monotonic()
+    with pytest.raises(ValidationError, match="chat template was stopped"):
+        services.inspect_model_dir(model, "torch")
+    with pytest.raises(ChatTemplateError, match="chat template was stopped"):
+        ChatTokenizer(model).render([{"role": "user", "content": "你好"}], True)
+    assert time.monotonic() - started < 5
