@@ -285,6 +285,10 @@ TRAINING_PYTHON = os.environ.get("TRAINING_PYTHON") or str(BASE_DIR / ".venv-run
 # the same variable) run as this unprivileged user; empty: model-platform-runner if the machine
 # has it, else nobody (training/sandbox.py). Not root: they run as the platform's own user.
 PLATFORM_RUNNER_USER = os.environ.get("PLATFORM_RUNNER_USER", "")
+# Each job attempt (and each revision on the serving host, which reads the same variable) runs
+# as a uid of its own from this base on (16.8M uids, no passwd entry needed), in
+# PLATFORM_RUNNER_USER's group; empty or 0: all run as PLATFORM_RUNNER_USER (weaker).
+PLATFORM_RUNNER_UID_BASE = int(os.environ.get("PLATFORM_RUNNER_UID_BASE", "200000") or 0)
 # Work directories of jobs (data, checkpoints, exports): local or shared (NFS) disk.
 TRAINING_WORK_DIR = Path(os.environ.get("TRAINING_WORK_DIR") or DATA_DIR / "training")
 # Jobs of one team that may run at once, whatever the number of workers.

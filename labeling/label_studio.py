@@ -220,7 +220,8 @@ def login_session(user, team) -> str:
 
 
 def sessions_end(user) -> None:
-    """End every Label Studio session of ``user``'s account (the console's logout)."""
+    """End every Label Studio session of ``user``'s account and delete its API tokens (the
+    console's logout, a password change)."""
     from labeling.models import LabelStudioAccount
 
     account = LabelStudioAccount.objects.filter(user=user).first()

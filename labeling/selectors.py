@@ -244,11 +244,28 @@ def labeling_project_get(team: Team, project_id: int):
 
 
 def labeling_project_answers(project) -> dict[int, list[tuple[str, dict]]]:
-    """Valid annotations that count (by current labeling members) by row: [(annotator, value)]."""
-    answers: dict[int, list[tuple[str, dict]]] = {}
-    counted = project.annotations.filter(valid=True, rejected="").select_related("task")
+    """Valid annotations that count (by current labeling members) by row: [(annotator, value)],
+    one per annotator and task, their latest: an annotator who posts a task's annotation three
+    times (Label Studio lets them) still has one vote."""
+    from django.db.models import F
+
+    latest: dict[tuple[int, object], tuple[int, str, dict]] = {}
+    counted = (
+        project.annotations.filter(valid=True, rejected="")
+        .select_related("task")
+        .order_by(F("ls_updated_at").asc(nulls_first=True), "ls_annotation_id")
+    )
     for annotation in counted:
-        answers.setdefault(annotation.task.row, []).append((annotation.annotator, annotation.value))
+        who = annotation.annotator_ls_id or annotation.annotator
+        # Later ones replace earlier ones, the annotator keeping their first place.
+        latest[(annotation.task_id, who)] = (
+            annotation.task.row,
+            annotation.annotator,
+            annotation.value,
+        )
+    answers: dict[int, list[tuple[str, dict]]] = {}
+    for row, annotator, value in latest.values():
+        answers.setdefault(row, []).append((annotator, value))
     return answers
 
 
@@ -295,6 +312,7 @@ def rows_by_number(version: DatasetVersion, wanted: set[int]) -> dict[int, dict]
 
 
 def team_upload_bytes(team: Team) -> int:
-    """What the team's uploads take in storage (console.quotas): received bytes of those still
-    coming in (their declared size is checked at creation), and the kept originals."""
-    return Upload.objects.filter(team=team).aggregate(n=Sum("received"))["n"] or 0
+    """What the team's uploads take in storage (console.quotas): their declared sizes, reserved
+    from creation so that uploads under way cannot together pass the quota, and the kept
+    originals. Abandoned ones give their room back when they expire (uploads_expire)."""
+    return Upload.objects.filter(team=team).aggregate(n=Sum("size"))["n"] or 0

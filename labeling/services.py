@@ -1,5 +1,6 @@
 """Every write of the labeling app: datasets, chunked uploads, imports, merges."""
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -199,8 +200,12 @@ def upload_create(*, actor: AbstractBaseUser, team: Team, filename: str, size: i
                 "limit": round(settings.UPLOAD_MAX_BYTES / 2**20),
             }
         )
-    team_storage_check(team, size)
-    upload = Upload.objects.create(team=team, created_by=actor, filename=filename, size=size)
+    # The declared size is reserved at once (team_upload_bytes counts it): uploads created side
+    # by side cannot each find the same room. The team's row, locked, puts them in a line.
+    with transaction.atomic():
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        team_storage_check(team, size)
+        upload = Upload.objects.create(team=team, created_by=actor, filename=filename, size=size)
     path = staging_path(upload)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
@@ -233,8 +238,7 @@ def upload_write_chunk(*, upload: Upload, offset: int, stream: BinaryIO, length:
             raise UploadOffsetMismatch(upload.received)
         if offset + length > upload.size:
             raise ValidationError(_("The chunk goes past the declared size of the file."))
-        # The declared size was checked at creation; other uploads may have taken the room since.
-        team_storage_check(upload.team, length)
+        # No quota check here: the declared size was reserved against the quota at creation.
         written = 0
         part.seek(offset)
         while written < length:
@@ -269,12 +273,21 @@ def uploads_expire() -> int:
     )
     count = 0
     for upload in expired.iterator():
-        # Checked again as it is deleted: an import may have started meanwhile.
-        with transaction.atomic():
-            deleted, _rows = expired.filter(pk=upload.pk).delete()
-        if not deleted:
-            continue
-        staging_path(upload).unlink(missing_ok=True)
+        with contextlib.ExitStack() as held:
+            try:
+                part = held.enter_context(open(staging_path(upload), "r+b"))
+                # A chunk being written right now holds this lock: that upload is alive.
+                fcntl.flock(part, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except FileNotFoundError:
+                pass  # complete (its file is in storage) or never staged
+            except BlockingIOError:
+                continue
+            # Checked again as it is deleted: an import may have started meanwhile.
+            with transaction.atomic():
+                deleted, _rows = expired.filter(pk=upload.pk).delete()
+            if not deleted:
+                continue
+            staging_path(upload).unlink(missing_ok=True)
         if upload.storage_name:
             default_storage.delete(upload.storage_name)
         count += 1

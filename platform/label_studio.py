@@ -50,13 +50,42 @@ def binary() -> str:
 EXTENSION_DIR = ROOT / "platform" / "label_studio_ext"
 
 
+# What Label Studio gets of the platform's environment: the system's basics, its database and
+# its own LABEL_STUDIO_* settings; never the platform's secrets (SECRET_KEY, SERVING_SECRET,
+# REDIS_URL, AWS_*: Label Studio's S3 storage falls back to AWS_* variables, so an account could
+# list the platform's bucket through an import storage made with empty keys).
+ENV_NAMES = frozenset(
+    "PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR SSL_CERT_FILE SSL_CERT_DIR "
+    "REQUESTS_CA_BUNDLE DJANGO_DB PLATFORM_WEBHOOK_HOSTS PLATFORM_WEBHOOK_PORTS".split()
+)
+ENV_PREFIXES = ("LC_", "LABEL_STUDIO_", "POSTGRE_", "MYSQL_")
+# The platform's own LABEL_STUDIO_* settings (its token, where it finds Label Studio): not for
+# Label Studio; the admin's credentials are server_env's to add.
+ENV_PLATFORM_ONLY = frozenset(
+    "LABEL_STUDIO_URL LABEL_STUDIO_TOKEN LABEL_STUDIO_TOKEN_FILE LABEL_STUDIO_DATA_DIR "
+    "LABEL_STUDIO_ADMIN_COMMAND LABEL_STUDIO_ACCOUNT_DOMAIN LABEL_STUDIO_BIN "
+    "LABEL_STUDIO_USERNAME LABEL_STUDIO_PASSWORD".split()
+)
+
+
+def _url_port(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return str(parts.port or (443 if parts.scheme == "https" else 80))
+
+
 def admin_env(data_dir: Path, environ: dict | None = None) -> dict:
     """Label Studio's environment without the admin's credentials: for the server and for
-    ``python -m platform_ls.manage`` alike."""
+    ``python -m platform_ls.manage`` alike. An allowlist of the platform's environment
+    (``ENV_NAMES``, ``ENV_PREFIXES``), nothing else of it."""
     environ = dict(os.environ if environ is None else environ)
     platform_url = environ.get("PLATFORM_URL", "http://127.0.0.1:8000")
+    kept = {
+        k: v
+        for k, v in environ.items()
+        if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and k not in ENV_PLATFORM_ONLY
+    }
     env = {
-        **environ,
+        **kept,
         "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
         "DJANGO_SETTINGS_MODULE": "platform_ls.settings",
         "PYTHONPATH": os.pathsep.join(
@@ -69,6 +98,8 @@ def admin_env(data_dir: Path, environ: dict | None = None) -> dict:
                 [urllib.parse.urlsplit(platform_url).hostname or "", "127.0.0.1", "localhost"]
             )
         ).strip(","),
+        # …and on the port of PLATFORM_URL only ("*": any, for a test run's receivers).
+        "PLATFORM_WEBHOOK_PORTS": environ.get("PLATFORM_WEBHOOK_PORTS") or _url_port(platform_url),
         "DISABLE_SIGNUP_WITHOUT_LINK": "true",
         "LATEST_VERSION_CHECK": "false",
         "SENTRY_DSN": "",
@@ -89,7 +120,9 @@ def server_env(data_dir: Path, password: str) -> dict:
     }
 
 
-def start(port: int, data_dir: Path, password: str, log) -> subprocess.Popen:
+def start(
+    port: int, data_dir: Path, password: str, log, webhook_ports: str = ""
+) -> subprocess.Popen:
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
         binary(),
@@ -102,7 +135,10 @@ def start(port: int, data_dir: Path, password: str, log) -> subprocess.Popen:
         f"http://127.0.0.1:{port}",
         "--no-browser",
     ]
-    return subprocess.Popen(cmd, env=server_env(data_dir, password), stdout=log, stderr=log)
+    env = server_env(data_dir, password)
+    if webhook_ports:
+        env["PLATFORM_WEBHOOK_PORTS"] = webhook_ports
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
 
 
 def wait_until_up(url: str, proc: subprocess.Popen | None, timeout: float = START_TIMEOUT_S):
@@ -209,7 +245,10 @@ def run(command: list[str]) -> int:
         data_dir, port = Path(tmp), free_port()
         password = admin_password(data_dir)
         with open(data_dir / "server.log", "wb") as log:
-            proc = start(port, data_dir, password, log)
+            # A test run's receivers (its live server, its recorders) listen on ports chosen
+            # as it runs: any port, for this throwaway Label Studio only.
+            ports = os.environ.get("PLATFORM_WEBHOOK_PORTS") or "*"
+            proc = start(port, data_dir, password, log, webhook_ports=ports)
             try:
                 url = f"http://127.0.0.1:{port}"
                 began = time.monotonic()

@@ -651,3 +651,23 @@ def test_nginx_accepts_the_configuration(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_k8s_web_is_reached_by_the_ingress_controller_only():
+    """X-Forwarded-For is believed from PLATFORM_TRUSTED_PROXIES (the pod network): a pod that
+    runs user code must not reach `web` directly and choose its client address."""
+    (config,) = of_kind("ConfigMap")
+    assert config["data"].get("PLATFORM_TRUSTED_PROXIES")
+    (web,) = deployments_for("web")
+    labels = web["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        p
+        for p in of_kind("NetworkPolicy")
+        if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        and "Ingress" in p["spec"]["policyTypes"]
+    ]
+    assert policies, "no NetworkPolicy limits who reaches web"
+    for policy in policies:
+        for rule in policy["spec"]["ingress"]:
+            assert rule.get("from"), "a rule that admits every pod"
+            assert all("namespaceSelector" in peer for peer in rule["from"]), rule

@@ -1,8 +1,11 @@
 """What the platform's untrusted processes (the job runner, the serving host's predictor and
 engine processes) are started with: an environment built from an allowlist (never the
 platform's secrets, database or broker addresses, storage keys), and, where the platform runs
-as root, an unprivileged user of their own (``PLATFORM_RUNNER_USER``) that can write only the
-directory it was given and cannot read the platform's data directory.
+as root, an unprivileged uid that can write only the directory it was given and cannot read the
+platform's data directory: one of each job attempt's and each loaded revision's own
+(``PLATFORM_RUNNER_UID_BASE`` + a slot, in ``PLATFORM_RUNNER_USER``'s group), so that one job
+cannot read or signal another's processes or files, and every process of it is killed when it
+ends; with no base, ``PLATFORM_RUNNER_USER`` itself, shared by all (weaker).
 
 No Django: the train worker (through ``training.services``) and the serving host (in the
 runtime venv) both use it, so the two sandboxes are one definition.
@@ -13,11 +16,15 @@ every other entry at its top is made private to the platform's user (``secure_da
 which is checked again before each sandboxed process starts.
 """
 
+import hashlib
 import os
 import pwd
 import re
 import shutil
+import signal
 import stat
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +99,14 @@ ALLOWED_ENV_PREFIXES = (
     "VLLM_",
 )
 # Never kept from those families (nor passed as an extra): a name that carries a secret.
-SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|_KEY\b|^AWS_|DATABASE_URL|REDIS")
+SECRET_NAME = re.compile(
+    r"SECRET|PASSW|PASSPHRASE|TOKEN|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
+    r"(^|_)(PASS|PWD|AUTH\w*|KEYS?|DSN|COOKIE|SESSION|SIGNATURE|CERT)(_|$)|"
+    r"^AWS_|DATABASE_URL|BROKER|REDIS",
+    re.IGNORECASE,
+)
+# Forced in every sandboxed process: no model or data set is fetched from the network.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 UMASK = 0o077
 
 
@@ -108,6 +122,7 @@ def sandbox_env(extra: dict[str, str] | None = None, *, home: Path | None = None
         or (name.startswith(ALLOWED_ENV_PREFIXES) and not SECRET_NAME.search(name))
     }
     env.setdefault("PATH", os.defpath)
+    env.update(OFFLINE_ENV)
     if home is not None:
         env["HOME"] = str(home)
         env["TMPDIR"] = str(home)
@@ -122,12 +137,14 @@ def sandbox_env(extra: dict[str, str] | None = None, *, home: Path | None = None
 @dataclass(frozen=True)
 class RunnerUser:
     """Whom a sandboxed process runs as: ``switch`` is False where the platform is not root
-    (it runs as the platform's own user, with the scrubbed environment only)."""
+    (it runs as the platform's own user, with the scrubbed environment only). ``own``: the uid
+    is this job's (or revision's) alone, so every process of it may be killed when it ends."""
 
     name: str
     uid: int
     gid: int
     switch: bool
+    own: bool = False
 
     def popen_kwargs(self) -> dict:
         """What subprocess.Popen needs to start the process as this user, with no supplementary
@@ -147,45 +164,177 @@ def runner_user(name: str = "") -> RunnerUser:
     if os.geteuid() != 0:
         me = pwd.getpwuid(os.geteuid())
         return RunnerUser(me.pw_name, me.pw_uid, os.getegid(), switch=False)
+    entry = _shared(name)
+    return RunnerUser(entry.pw_name, entry.pw_uid, entry.pw_gid, switch=True)
+
+
+# Where PLATFORM_RUNNER_UID_BASE is set, each job attempt and each loaded revision runs as a
+# uid of its own, base + a slot (no passwd entry needed): jobs in the first JOB_SLOTS (16
+# attempts per job), predictors in the PREDICTOR_SLOTS after them.
+ATTEMPT_SLOTS = 16
+JOB_SLOTS = 1 << 24
+PREDICTOR_SLOTS = 1 << 20
+
+
+def _shared(name: str) -> pwd.struct_passwd:
     names = (name,) if name else DEFAULT_RUNNER_USERS
     for candidate in names:
         try:
             entry = pwd.getpwnam(candidate)
         except KeyError:
             continue
-        if entry.pw_uid == 0:
+        if entry.pw_uid == 0 or entry.pw_gid == 0:
             raise ValueError(f"PLATFORM_RUNNER_USER={candidate} is root: name an unprivileged user")
-        return RunnerUser(entry.pw_name, entry.pw_uid, entry.pw_gid, switch=True)
+        return entry
     raise ValueError(
         f"PLATFORM_RUNNER_USER: no user {' or '.join(names)} on this machine; create one "
         "(useradd --system --no-create-home model-platform-runner) or name another"
     )
 
 
+def _own_uid(name: str, uid_base: int, slot: int) -> RunnerUser:
+    entry = _shared(name)
+    uid = uid_base + slot
+    if uid_base <= 0 or uid >= 2**31 - 1:
+        raise ValueError(f"PLATFORM_RUNNER_UID_BASE={uid_base}: uid {uid} is out of range")
+    try:
+        holder = pwd.getpwuid(uid)
+    except KeyError:
+        holder = None
+    if holder is not None:
+        raise ValueError(
+            f"PLATFORM_RUNNER_UID_BASE={uid_base}: uid {uid} is the user {holder.pw_name}'s; "
+            f"choose a base whose {JOB_SLOTS + PREDICTOR_SLOTS} uids no user of the machine has"
+        )
+    return RunnerUser(f"uid {uid}", uid, entry.pw_gid, switch=True, own=True)
+
+
+def job_user(name: str, uid_base: int, job_id: int, attempt: int) -> RunnerUser:
+    """Whom an attempt of a job runs as: with ``uid_base`` (PLATFORM_RUNNER_UID_BASE) a uid of
+    its own, in the group of PLATFORM_RUNNER_USER; without, that user itself (every job
+    shares it)."""
+    if os.geteuid() != 0 or uid_base <= 0:
+        return runner_user(name)
+    slot = (job_id % (JOB_SLOTS // ATTEMPT_SLOTS)) * ATTEMPT_SLOTS + attempt % ATTEMPT_SLOTS
+    return _own_uid(name, uid_base, slot)
+
+
+def job_uids(uid_base: int, job_id: int) -> set[int]:
+    """Every uid the attempts of a job may have run as (where each has its own)."""
+    first = uid_base + (job_id % (JOB_SLOTS // ATTEMPT_SLOTS)) * ATTEMPT_SLOTS
+    return set(range(first, first + ATTEMPT_SLOTS)) if uid_base > 0 else set()
+
+
+_claimed: set[int] = set()
+_claimed_lock = threading.Lock()
+
+
+def claim_user(name: str, uid_base: int, key: str) -> RunnerUser:
+    """A uid for a revision loaded on the serving host (its predictors or engine): derived from
+    ``key``, the next free one (no process of it, not claimed by this host) if taken. Give it
+    back with ``release_user`` once its processes are stopped."""
+    if os.geteuid() != 0 or uid_base <= 0:
+        return runner_user(name)
+    start = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    with _claimed_lock:
+        for i in range(PREDICTOR_SLOTS):
+            user = _own_uid(name, uid_base, JOB_SLOTS + (start + i) % PREDICTOR_SLOTS)
+            if user.uid not in _claimed and not processes_of({user.uid}):
+                _claimed.add(user.uid)
+                return user
+    raise RuntimeError("no free uid for a predictor: PLATFORM_RUNNER_UID_BASE's range is used up")
+
+
+def release_user(user: RunnerUser) -> None:
+    """A revision's processes are gone: every process left of its uid is killed, and the uid
+    may be claimed again."""
+    if user.own:
+        kill_processes(user)
+        with _claimed_lock:
+            _claimed.discard(user.uid)
+
+
+def processes_of(uids: set[int]) -> list[int]:
+    """The live processes (not zombies) of which a real, effective, saved or file-system uid is
+    one of ``uids``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                status = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        held = {int(u) for u in fields.get("Uid", "").split()}
+        if held & uids and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_processes(user: RunnerUser, *, also: set[int] | None = None, wait_s: float = 10) -> None:
+    """Kill every process of the user's own uid (and of the uids ``also``): what a runner left
+    behind (daemonised by setsid, out of reach of the parent-death signal and of the process
+    group's kill) must not outlive its job. Nothing where the uid is shared (another job's)."""
+    if not user.own:
+        return
+    uids = {user.uid, *(also or ())}
+    deadline = time.monotonic() + wait_s
+    while (pids := processes_of(uids)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
 def give_to(user: RunnerUser, directory: Path) -> None:
     """``directory`` and everything in it becomes the user's (mode 0700 at the top): the one
-    place the sandboxed process writes. Links are not followed."""
+    place the sandboxed process writes. The top is closed (root's, 0700) while the rest is
+    walked by file descriptor, links never followed, and given last; a file with other hard
+    links is not given away."""
     if not user.switch:
         return
-    for root, dirs, files in os.walk(directory):
+    if directory.is_symlink():
+        raise PermissionError(f"{directory} is a symbolic link: refused")
+    if os.lstat(directory).st_uid != user.uid:
+        # Not the user's yet: closed while walked. (Already its own, as when a job's part on
+        # another node starts while the first node's runner works in it: left open.)
+        os.chown(directory, os.geteuid(), os.getegid(), follow_symlinks=False)
+        os.chmod(directory, 0o700)
+    for _root, dirs, files, fd in os.fwalk(directory, follow_symlinks=False):
         for name in [*dirs, *files]:
-            os.lchown(os.path.join(root, name), user.uid, user.gid)
-    os.lchown(directory, user.uid, user.gid)
-    os.chmod(directory, 0o700)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                continue
+            os.chown(name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+    os.chown(directory, user.uid, user.gid, follow_symlinks=False)
 
 
-def take_back(user: RunnerUser, directory: Path) -> None:
-    """A sandboxed process has ended: its directory is the platform's again (0700), closed to
-    the runner's user, whose later processes (other teams' jobs) must not read what it left
-    (a failed job's data and checkpoint wait there for a retry, which gives it back)."""
-    if not user.switch or not directory.exists():
+def take_back(user: RunnerUser, directory: Path, *, also: set[int] | None = None) -> None:
+    """A sandboxed process has ended: every process left of its uid is killed (and of the uids
+    ``also``), then its directory is the platform's again, every entry of it root's and closed
+    to others (links not followed): no later runner (another team's job, where the user is
+    shared) reads what it left (a failed job's data and checkpoint wait there for a retry,
+    which gives it back), and no entry it opened to everyone stays writable."""
+    if not user.switch:
         return
+    kill_processes(user, also=also)
+    if not os.path.lexists(directory):
+        return
+    if directory.is_symlink():
+        raise PermissionError(f"{directory} is a symbolic link: refused")
     uid, gid = os.geteuid(), os.getegid()
-    for root, dirs, files in os.walk(directory):
-        for name in [*dirs, *files]:
-            os.lchown(os.path.join(root, name), uid, gid)
-    os.lchown(directory, uid, gid)
+    os.chown(directory, uid, gid, follow_symlinks=False)
     os.chmod(directory, 0o700)
+    for _root, dirs, files, fd in os.fwalk(directory, follow_symlinks=False):
+        for name in [*dirs, *files]:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode):
+                os.chmod(name, stat.S_IMODE(st.st_mode) & 0o700, dir_fd=fd)
 
 
 def make_traversable(directory: Path, *, stop: Path | None = None) -> None:
@@ -250,24 +399,37 @@ def secure_data_dir(user: RunnerUser, data_dir: Path, keep: list[Path]) -> None:
             os.chmod(way, closed(way.stat()) | PASSAGE)
 
 
+def _not_plain(top: Path):
+    """(entry, why) for each entry of ``top`` (itself included) that is neither a directory nor
+    a regular file of one link. Links are not followed."""
+    if not os.path.lexists(top):
+        return
+    items = [top]
+    if top.is_dir() and not top.is_symlink():
+        items += [Path(root) / n for root, dirs, files in os.walk(top) for n in dirs + files]
+    for item in items:
+        st = item.lstat()
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            yield item, "is not a regular file or directory"
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            yield item, "is a hard link to another file"
+
+
+def plain(top: Path) -> bool:
+    """Whether ``top`` holds only directories and regular files of one link."""
+    return next(_not_plain(top), None) is None
+
+
 def check_outputs(user: RunnerUser, paths: list[Path]) -> None:
     """What a sandboxed process left for the platform to read (as root) holds only regular
     files and directories: a link (symbolic or hard) would make the platform copy what the
-    process itself cannot read, such as the secret key."""
+    process itself cannot read, such as the secret key. Run after ``take_back``: no process
+    of the user is left to swap an entry once checked."""
     if not user.switch:
         return
     for top in paths:
-        if not top.exists() and not top.is_symlink():
-            continue
-        items = [top]
-        if top.is_dir() and not top.is_symlink():
-            items += [Path(root) / n for root, dirs, files in os.walk(top) for n in dirs + files]
-        for item in items:
-            st = item.lstat()
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                raise PermissionError(f"{item} is not a regular file or directory: refused")
-            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                raise PermissionError(f"{item} is a hard link to another file: refused")
+        for item, why in _not_plain(top):
+            raise PermissionError(f"{item} {why}: refused")
 
 
 def stage_readable(user: RunnerUser, source: Path, target: Path) -> Path:
@@ -289,17 +451,18 @@ def stage_readable(user: RunnerUser, source: Path, target: Path) -> Path:
                 pass
         shutil.copy2(src, dst)
 
-    shutil.copytree(source, target / source.name, copy_function=copy, dirs_exist_ok=True)
-    for root, dirs, files in os.walk(target):
-        for name in dirs:
-            os.chown(os.path.join(root, name), user.uid, user.gid)
-            os.chmod(os.path.join(root, name), 0o700)
-        for name in files:
-            path = os.path.join(root, name)
-            if os.stat(path).st_nlink == 1:
-                os.chown(path, user.uid, user.gid)
-    os.chown(target, user.uid, user.gid)
+    shutil.copytree(
+        source, target / source.name, symlinks=True, copy_function=copy, dirs_exist_ok=True
+    )
     os.chmod(target, 0o700)
+    for _root, dirs, files, fd in os.fwalk(target, follow_symlinks=False):
+        for name in dirs:
+            os.chown(name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+            os.chmod(name, 0o700, dir_fd=fd)
+        for name in files:
+            if os.stat(name, dir_fd=fd, follow_symlinks=False).st_nlink == 1:
+                os.chown(name, user.uid, user.gid, dir_fd=fd, follow_symlinks=False)
+    os.chown(target, user.uid, user.gid, follow_symlinks=False)
     return target / source.name
 
 

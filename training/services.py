@@ -263,7 +263,7 @@ def weights_to_safetensors(directory: Path) -> dict[str, str]:
     unpickler that runs nothing (training/weights.py); other pickles (optimizer states,
     Trainer arguments) are left out. Returns {pickle: its safetensors, or "" if left out}."""
     try:
-        return weights.convert_dir(directory)
+        return weights.convert_dir(directory, settings.ARCHIVE_MAX_UNCOMPRESSED_BYTES)
     except weights.UnsafeWeights as exc:
         raise ValidationError(_("The weights were refused: %(error)s") % {"error": exc}) from exc
 
@@ -279,6 +279,17 @@ def _import_root_path(path: str) -> Path:
     if not target.exists():
         raise ValidationError(_("%(path)s does not exist on the server.") % {"path": target})
     return target
+
+
+def _refuse_links(directory: Path) -> None:
+    """A directory to import holds no symbolic links: copying follows them, so a link to the
+    platform's secrets or another team's model would be copied into the team's model."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink():
+            raise ValidationError(
+                _("%(path)s is a symbolic link; a model directory to import may not hold links.")
+                % {"path": path.relative_to(directory)}
+            )
 
 
 def base_model_import(
@@ -317,7 +328,8 @@ def base_model_import(
             source = str(target)
             if target.is_dir():  # a copy: its weights are converted, the server's left alone
                 directory = tmp_path / "x"
-                shutil.copytree(target, directory)
+                _refuse_links(target)
+                shutil.copytree(target, directory, symlinks=True)
             else:
                 directory = storage.extract_archive(target, tmp_path / "x")
         converted = weights_to_safetensors(directory)
@@ -1036,7 +1048,11 @@ def _alive(pid: int) -> bool:
 
 def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
     """spec.json, the version's rows by split, the base model's files. What an earlier attempt
-    left (data, base model, checkpoint) is kept: the runner resumes from its checkpoint."""
+    left (data, base model, checkpoint) is kept: the runner resumes from its checkpoint. That
+    is first taken back from the earlier attempts' runners (their processes killed, every
+    entry the platform's), and data or a base model that holds a link is fetched again."""
+    if workdir.exists():
+        sandbox.take_back(runner_sandbox(job), workdir, also=_earlier_attempts(job))
     workdir.mkdir(parents=True, exist_ok=True)
     base_dir = workdir / "base"
     beat = _beater(job)
@@ -1054,7 +1070,7 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
         visibility_env=profile(job.device_type).visibility_env,
     ).save(workdir)
     data = workdir / "data"
-    if not (data / ".complete").exists():
+    if not (data / ".complete").is_file() or not sandbox.plain(data):
         shutil.rmtree(data, ignore_errors=True)
         data.mkdir()
         outs = {s: open(data / f"{s}.jsonl", "wb") for s in ("train", "dev", "test")}
@@ -1069,7 +1085,9 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
             for out in outs.values():
                 out.close()
         (data / ".complete").touch()
-    if job.base_model_id and not (base_dir / ".complete").exists():
+    if job.base_model_id and (
+        not (base_dir / ".complete").is_file() or not sandbox.plain(base_dir)
+    ):
         shutil.rmtree(base_dir, ignore_errors=True)
         model = job.base_model
         storage.fetch_dir(model.storage_prefix, model.manifest["files"], base_dir, beat)
@@ -1162,9 +1180,19 @@ def runner_env(job: TrainingJob, part: int = 0, workdir: Path | None = None) -> 
     return env
 
 
-def runner_sandbox() -> sandbox.RunnerUser:
-    """Whom runners run as: PLATFORM_RUNNER_USER where the platform is root, else itself."""
-    return sandbox.runner_user(settings.PLATFORM_RUNNER_USER)
+def runner_sandbox(job: TrainingJob) -> sandbox.RunnerUser:
+    """Whom the job's current attempt runs as where the platform is root: a uid of its own
+    (PLATFORM_RUNNER_UID_BASE + a slot of the job's and attempt's) in PLATFORM_RUNNER_USER's
+    group, or, with no base, PLATFORM_RUNNER_USER itself. Not root: the platform's own user."""
+    return sandbox.job_user(
+        settings.PLATFORM_RUNNER_USER, settings.PLATFORM_RUNNER_UID_BASE, job.pk, job.attempts
+    )
+
+
+def _earlier_attempts(job: TrainingJob) -> set[int]:
+    """The uids of the job's other attempts (whose leftover processes a new one kills)."""
+    mine = runner_sandbox(job)
+    return sandbox.job_uids(settings.PLATFORM_RUNNER_UID_BASE, job.pk) - {mine.uid}
 
 
 def runner_popen_args(job: TrainingJob, workdir: Path, part: int = 0) -> dict[str, Any]:
@@ -1172,7 +1200,7 @@ def runner_popen_args(job: TrainingJob, workdir: Path, part: int = 0) -> dict[st
     by nothing else: its command, the sandbox's environment, its work directory as cwd and,
     where the platform is root, the runner's user, for whom the work directory is made its own
     and the data directory private (checked again at every start)."""
-    user = runner_sandbox()
+    user = runner_sandbox(job)
     (workdir / "home").mkdir(parents=True, exist_ok=True)
     if user.switch:
         sandbox.check_reachable(user, Path(settings.TRAINING_PYTHON), "the runtime's Python")
@@ -1245,6 +1273,9 @@ class _Supervisor:
             hours=self.max_hours
         )
         self.timed_out = False
+        # Whom the runner runs as: once it exits, every process left of its own uid is killed
+        # (one that kept the runner's output open would keep the job running).
+        self.user: sandbox.RunnerUser | None = None
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
@@ -1314,7 +1345,14 @@ class _Supervisor:
         pending = b""
         last_flush = 0.0
         killed_at = None
+        exited_at = None
         while True:
+            if exited_at is None and proc.poll() is not None:
+                exited_at = time.monotonic()
+                if self.user is not None:
+                    sandbox.kill_processes(self.user)
+            if exited_at is not None and time.monotonic() - exited_at > 5:
+                break  # the runner is gone; what still holds its output is not read
             if sel.select(timeout=self.FLUSH_S):
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -1374,6 +1412,7 @@ def training_job_execute(job: TrainingJob) -> None:
     workdir = job_workdir(job)
     sup = _Supervisor(job)
     try:
+        sup.user = runner_sandbox(job)
         _prepare_workdir(job, workdir)
     except Exception as exc:
         _finish(job, TrainingJob.Status.FAILED, _("Preparing the job failed: %(e)s") % {"e": exc})
@@ -1402,12 +1441,16 @@ def training_job_execute(job: TrainingJob) -> None:
         # task is retried and the job resumes from its checkpoint.
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
-        sandbox.take_back(runner_sandbox(), workdir)
+        sandbox.take_back(sup.user, workdir)
         raise
     if sup.superseded:
-        return  # another attempt (or a part's failure) decided the job's fate
-    # What the runner left is no later runner's (another team's job's) to read.
-    sandbox.take_back(runner_sandbox(), workdir)
+        # Another attempt (or a part's failure) decided the job's fate: this attempt's
+        # processes end; its directory is the other attempt's to take.
+        sandbox.kill_processes(sup.user)
+        return
+    # Every process left of the runner's uid is killed, and what it left is no later
+    # runner's to read nor its own to change while the platform reads it.
+    sandbox.take_back(sup.user, workdir)
     job.refresh_from_db()
     if sup.cancelled:
         _finish(job, TrainingJob.Status.CANCELLED)
@@ -1421,7 +1464,7 @@ def training_job_execute(job: TrainingJob) -> None:
     try:
         # What the runner (another user) left is read as the platform: no links out of it.
         outputs = [workdir / "export", workdir / "best", workdir / "evaluation.json"]
-        sandbox.check_outputs(runner_sandbox(), outputs)
+        sandbox.check_outputs(sup.user, outputs)
         model_version_register(job, workdir)
     except Exception as exc:
         _finish(
@@ -1475,9 +1518,15 @@ def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
             % {"node": settings.NODE_NAME, "dir": workdir},
         )
         return
-    log = workdir / "log" / f"node-{part}.out"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
+    # The launcher's output goes to a file of the platform's, in a directory the runner
+    # cannot reach (not to its own log/, where it could plant a link for root to follow).
+    logs = Path(settings.TRAINING_WORK_DIR) / "parts"
+    logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(logs, 0o700)
+    log = logs / f"{job_id}-{attempt}-node-{part}.out"
+    user = runner_sandbox(job)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    with open(os.open(log, flags, 0o600), "wb") as out:
         proc = subprocess.Popen(
             **runner_popen_args(job, workdir, part),
             stdout=out,
@@ -1497,10 +1546,11 @@ def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
             _signal_group(proc, signal.SIGTERM)
         if stopped_at is not None and time.monotonic() - stopped_at > 5:
             _signal_group(proc, signal.SIGKILL)
+    tail = log.read_bytes()[-1500:].decode("utf-8", "replace")
+    log.unlink(missing_ok=True)
     if proc.returncode and stopped_at is None:
         # The first node's own failure, if that is what broke the collective, says more.
         time.sleep(5)
-        tail = log.read_bytes()[-1500:].decode("utf-8", "replace")
         _fail_part(
             job_id,
             attempt,
@@ -1509,6 +1559,18 @@ def training_job_part_execute(job_id: int, part: int, attempt: int) -> None:
             + "\n\n"
             + tail,
         )
+    # Nothing of the part outlives the attempt. Killed once the attempt has ended: the uid is
+    # the attempt's on every node, and a node may share its machine with another of the job's
+    # (whose processes, still at work, are of the same uid).
+    waited = time.monotonic()
+    while time.monotonic() - waited < 3600:
+        try:
+            if not current():
+                break
+        except DatabaseError:
+            pass
+        time.sleep(1)
+    sandbox.kill_processes(user)
 
 
 def _fail_part(job_id: int, attempt: int, error: str) -> None:
@@ -1592,8 +1654,9 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
     prefix = f"models/{uid.hex}/"
     with tempfile.TemporaryDirectory(prefix="model-") as tmp:
         staged = Path(tmp)
-        shutil.copytree(workdir / "export", staged / "export")
-        shutil.copytree(workdir / "best", staged / "checkpoint")
+        # Links are copied as links (check_outputs refused them already): never their targets.
+        shutil.copytree(workdir / "export", staged / "export", symlinks=True)
+        shutil.copytree(workdir / "best", staged / "checkpoint", symlinks=True)
         files = storage.store_dir(staged, prefix)
     name = job.dataset_version.dataset.name
     with transaction.atomic():

@@ -15,6 +15,7 @@ Work directory layout::
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -96,9 +97,13 @@ class JobSpec:
         return self.hyperparameters
 
     def save(self, workdir: Path) -> None:
-        (workdir / "spec.json").write_text(
-            json.dumps(asdict(self), ensure_ascii=False, indent=2), encoding="utf-8"
-        )
+        # A new file, never through a link a runner left in its place (the platform writes
+        # it as root on a re-attempt).
+        path = workdir / "spec.json"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(self), ensure_ascii=False, indent=2))
 
     @classmethod
     def load(cls, workdir: Path) -> "JobSpec":

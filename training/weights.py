@@ -74,6 +74,10 @@ PADDLE_META_KEYS = ("StructuredToParameterName@@", "UnpackBigParamInfor@@")
 # uncompressed; a repacked one is read, a bomb is not).
 MAX_MEMBER_RATIO = 100
 
+# The tensors converted from one file may take at most this many times its size (real
+# checkpoints take 1x; tied weights share a storage, which is counted for each name).
+MAX_OUTPUT_RATIO = 2
+
 # Files that are pickles by their name. Weights among them are converted; the others (optimizer
 # and scheduler states, RNG states, Trainer arguments) are left out of an import.
 PICKLE_SUFFIXES = (".pdparams", ".bin", ".pt", ".pth", ".ckpt", ".pdopt", ".pkl", ".pickle")
@@ -139,6 +143,9 @@ class _TensorRef:
     def __setstate__(self, state: Any) -> None:
         raise UnsafeWeights("a tensor cannot be given a state")
 
+    def nbytes(self) -> int:
+        return int(np.prod(self.size, dtype=object)) * self.storage.dtype.itemsize
+
     def tensor(self, source: str, name: str) -> Tensor:
         st = self.storage
         if st.data is None:
@@ -148,6 +155,17 @@ class _TensorRef:
         last = self.offset + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True))
         if last >= st.data.size:
             raise UnsafeWeights(f"{source}: {name} reaches past the end of its storage")
+        # A view whose elements overlap (stride 0, or strides that fold back) would copy more
+        # than its storage holds: a 4-byte storage seen as 10**8 x 10**8 with stride 0.
+        extent = 1
+        for n, s in sorted(
+            (d for d in zip(self.size, self.stride, strict=True) if d[0] > 1), key=lambda d: d[1]
+        ):
+            if s < extent:
+                raise UnsafeWeights(f"{source}: {name} is a view whose elements overlap")
+            extent = s * (n - 1) + extent
+        if self.nbytes() > st.data.nbytes:
+            raise UnsafeWeights(f"{source}: {name} is larger than its storage")
         view = np.lib.stride_tricks.as_strided(
             st.data[self.offset :],
             shape=self.size,
@@ -182,11 +200,63 @@ def _rebuild_parameter(data: Any, *_: Any) -> Any:
     return data
 
 
-def _dtype(*args: Any) -> np.dtype:
-    found = np.dtype(*args)
-    if found.hasobject:
-        raise UnsafeWeights("an array of Python objects; weights may only hold numbers")
+def _numbers(found: Any) -> np.dtype:
+    """``found`` if it is the dtype of an array of numbers (no Python objects, no records)."""
+    if not isinstance(found, np.dtype) or found.hasobject or found.name not in SAFETENSORS_DTYPES:
+        raise UnsafeWeights(f"an array of {found!r}; weights may only hold numbers")
     return found
+
+
+def _dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
+    # How numpy pickles a dtype: dtype("f4", False, True), then a BUILD with its byte order.
+    if not isinstance(spec, str) or spec.lstrip("<>|=")[:1] not in tuple("biuf"):
+        raise UnsafeWeights(
+            f"an array of {spec!r} (Python objects or records); weights may only hold numbers"
+        )
+    return _numbers(np.dtype(spec, bool(align), bool(copy)))
+
+
+class _Array(np.ndarray):
+    """The empty array numpy's ``_reconstruct`` makes; its BUILD (``__setstate__`` with the
+    real shape, dtype and bytes) is checked by ``_Unpickler.load_build``."""
+
+
+class _Callable:
+    """An allowed global: callable, but a BUILD (setattr) on it is refused."""
+
+    __slots__ = ("function", "name")
+
+    def __init__(self, name: str, function: Callable[..., Any]) -> None:
+        self.name, self.function = name, function
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def __setstate__(self, state: Any) -> None:
+        raise UnsafeWeights(f"{self.name} cannot be given a state")
+
+
+def _refuse_ndarray(*args: Any) -> Any:
+    raise UnsafeWeights(
+        "numpy.ndarray is called directly; arrays are only read as numpy pickles them "
+        "(_reconstruct, then their bytes)"
+    )
+
+
+_NDARRAY = _Callable("numpy.ndarray", _refuse_ndarray)
+
+
+def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> _Array:
+    # numpy's ndarray.__reduce__: _reconstruct(ndarray, (0,), b"b"), the data comes with BUILD.
+    if subtype is not _NDARRAY or tuple(shape) != (0,) or dtype not in (b"b", "b"):
+        raise UnsafeWeights("an array is reconstructed otherwise than numpy pickles one")
+    return _Array((0,), dtype="b")
+
+
+def _scalar(dtype: Any, data: Any = None) -> Any:
+    if not isinstance(data, bytes) or len(data) != _numbers(dtype).itemsize:
+        raise UnsafeWeights("a numpy scalar whose bytes do not fit its dtype")
+    return _multiarray.scalar(dtype, data)
 
 
 def _encode(text: Any, encoding: str = "utf-8") -> bytes:
@@ -198,21 +268,75 @@ def _encode(text: Any, encoding: str = "utf-8") -> bytes:
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): OrderedDict,
-    ("_codecs", "encode"): _encode,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("_codecs", "encode"): _Callable("_codecs.encode", _encode),
+    ("torch._utils", "_rebuild_tensor_v2"): _Callable("_rebuild_tensor_v2", _rebuild_tensor),
+    ("torch._utils", "_rebuild_tensor"): _Callable("_rebuild_tensor", _rebuild_tensor),
+    ("torch._utils", "_rebuild_parameter"): _Callable("_rebuild_parameter", _rebuild_parameter),
+    ("torch._utils", "_rebuild_parameter_with_state"): _Callable(
+        "_rebuild_parameter_with_state", _rebuild_parameter
+    ),
     **{("torch", name): _StorageType(name) for name in TORCH_STORAGES},
 }
 for _module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-    _ALLOWED[(_module, "_reconstruct")] = _multiarray._reconstruct
-    _ALLOWED[(_module, "scalar")] = _multiarray.scalar
-_ALLOWED[("numpy", "ndarray")] = np.ndarray
-_ALLOWED[("numpy", "dtype")] = _dtype
+    _ALLOWED[(_module, "_reconstruct")] = _Callable("_reconstruct", _reconstruct)
+    _ALLOWED[(_module, "scalar")] = _Callable("scalar", _scalar)
+_ALLOWED[("numpy", "ndarray")] = _NDARRAY
+_ALLOWED[("numpy", "dtype")] = _Callable("numpy.dtype", _dtype)
 
 
-class _Unpickler(pickle.Unpickler):
+def _array_state(state: Any) -> None:
+    """An array's BUILD: (version, shape, dtype, Fortran order, raw bytes) whose bytes are
+    exactly its shape's, so the data read bounds the array."""
+    if isinstance(state, tuple) and len(state) == 5:
+        state = state[1:]
+    if not (isinstance(state, tuple) and len(state) == 4 and isinstance(state[3], bytes)):
+        raise UnsafeWeights("an array is given a state otherwise than numpy pickles one")
+    shape, dtype, raw = _ints(state[0], "shape"), _numbers(state[1]), state[3]
+    if int(np.prod(shape, dtype=object)) * dtype.itemsize != len(raw):
+        raise UnsafeWeights("an array's shape does not fit its bytes")
+
+
+def _dtype_state(state: Any) -> None:
+    # (version, byte order, subarray, names, fields, element size, alignment, flags[, meta])
+    if not (
+        isinstance(state, tuple)
+        and len(state) in (8, 9)
+        and state[1] in ("<", ">", "|", "=")
+        and state[2:5] == (None, None, None)
+        and state[5:8] == (-1, -1, 0)
+    ):
+        raise UnsafeWeights("a dtype is given a state otherwise than numpy pickles one")
+
+
+class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    """Python's own unpickler (its BUILD can be overridden, the C one's cannot), resolving
+    only ``_ALLOWED``."""
+
+    dispatch = pickle._Unpickler.dispatch.copy()  # type: ignore[attr-defined]
+
+    def load_build(self) -> None:
+        """BUILD (``setstate``/setattr on the object below): numpy's arrays and dtypes, with
+        their state checked, and an OrderedDict's attributes (PyTorch's ``_metadata``,
+        dropped); on anything else (an allowed function's ``__defaults__``) refused."""
+        state = self.stack.pop()
+        inst = self.stack[-1]
+        if type(inst) is _Array and inst.size == 0:
+            _array_state(state)
+            inst.__setstate__(state)
+        elif type(inst) is np.dtype or isinstance(inst, np.dtype):
+            _dtype_state(state)
+            inst.__setstate__(state)
+            _numbers(inst)
+        elif type(inst) is OrderedDict and isinstance(state, dict | type(None)):
+            pass
+        else:
+            what = inst.name if isinstance(inst, _Callable) else type(inst).__name__
+            raise UnsafeWeights(
+                f"{self.source} gives a state (BUILD) to {what}, which cannot be given a state"
+            )
+
+    dispatch[pickle.BUILD[0]] = load_build
+
     def __init__(
         self, file: BinaryIO, source: str, storage: Callable[[Any], Any] | None = None
     ) -> None:
@@ -324,26 +448,47 @@ def load_checkpoint(path: Path, source: str | None = None) -> Any:
         if zipfile.is_zipfile(path):
             return _load_torch_zip(path, source)
         return _load_pickle(path, source)
-    except UnsafeWeights:
-        raise
+    except UnsafeWeights as exc:
+        if str(exc).startswith(source):
+            raise
+        raise UnsafeWeights(f"{source}: {exc}") from None  # raised where the source is unknown
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError) as exc:
         raise UnsafeWeights(f"{source} is not a readable checkpoint: {exc}") from exc
     except (TypeError, ValueError, AttributeError, IndexError, KeyError, struct.error) as exc:
         raise UnsafeWeights(f"{source} is not a checkpoint this platform reads: {exc}") from exc
+    except (MemoryError, OverflowError, RecursionError) as exc:
+        raise UnsafeWeights(
+            f"{source} is not a checkpoint this platform reads: it asks for more memory or "
+            f"nesting than a checkpoint takes ({type(exc).__name__})"
+        ) from None
 
 
-def state_tensors(obj: Any, source: str) -> dict[str, Tensor]:
+def state_tensors(obj: Any, source: str, max_bytes: int | None = None) -> dict[str, Tensor]:
     """Every tensor of a loaded checkpoint by its name (nested dictionaries joined by dots);
-    Paddle's ``(name, array)`` pairs are arrays, its bookkeeping and plain values are left."""
+    Paddle's ``(name, array)`` pairs are arrays, its bookkeeping and plain values are left.
+    ``max_bytes`` bounds their bytes together, counted before each is copied (many names may
+    refer to one storage or array)."""
     found: dict[str, Tensor] = {}
+    total = 0
+
+    def count(prefix: str, nbytes: int) -> None:
+        nonlocal total
+        total += nbytes
+        if max_bytes is not None and total > max_bytes:
+            raise UnsafeWeights(
+                f"{source}: its tensors (up to {prefix}) would take more than {max_bytes:,} "
+                "bytes, more than the file holds"
+            )
 
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], np.ndarray):
             value = value[1]  # paddle.save's (tensor name, array)
         if isinstance(value, _TensorRef):
-            found[prefix] = value.tensor(source, prefix)
+            found[prefix] = value.tensor(source, prefix)  # at most its storage's bytes
+            count(prefix, found[prefix].array.nbytes)
         elif isinstance(value, np.ndarray):
-            found[prefix] = Tensor.of(value, source, prefix)
+            count(prefix, value.nbytes)
+            found[prefix] = Tensor.of(np.asarray(value), source, prefix)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if key in PADDLE_META_KEYS:
@@ -454,12 +599,25 @@ def _is_weights(path: Path) -> bool:
     return path.suffix in WEIGHT_SUFFIXES and not any(w in path.name for w in NOT_WEIGHTS)
 
 
-def convert_file(src: Path, dst: Path, source: str | None = None) -> int:
+def convert_file(
+    src: Path, dst: Path, source: str | None = None, max_bytes: int | None = None
+) -> int:
     """Convert one pickled checkpoint to safetensors; returns the number of tensors. PaddleNLP
-    reads ``format: np``, transformers ``format: pt``."""
-    tensors = state_tensors(load_checkpoint(src, source), source or src.name)
-    fmt = "np" if src.suffix == ".pdparams" else "pt"
-    write_safetensors(dst, tensors, {"format": fmt})
+    reads ``format: np``, transformers ``format: pt``. The tensors may take at most
+    MAX_OUTPUT_RATIO times the file's size (and ``max_bytes``)."""
+    name = source or src.name
+    limit = MAX_OUTPUT_RATIO * src.stat().st_size
+    limit = limit if max_bytes is None else min(limit, max_bytes)
+    try:
+        tensors = state_tensors(load_checkpoint(src, source), name, limit)
+        fmt = "np" if src.suffix == ".pdparams" else "pt"
+        write_safetensors(dst, tensors, {"format": fmt})
+    except (MemoryError, OverflowError, RecursionError) as exc:
+        dst.unlink(missing_ok=True)
+        raise UnsafeWeights(
+            f"{name} is not a checkpoint this platform reads: it asks for more memory or "
+            f"nesting than a checkpoint takes ({type(exc).__name__})"
+        ) from None
     return len(tensors)
 
 
@@ -469,11 +627,13 @@ def _pickled_files(directory: Path) -> Iterator[Path]:
             yield path
 
 
-def convert_dir(directory: Path) -> dict[str, str]:
+def convert_dir(directory: Path, max_bytes: int | None = None) -> dict[str, str]:
     """Replace every pickled file under ``directory``: weights (and sharded weights' index) by
     safetensors, other pickles (optimizer states, Trainer arguments) left out. Returns
-    {relative path of the pickle: relative path of its safetensors, or "" when left out}."""
+    {relative path of the pickle: relative path of its safetensors, or "" when left out}.
+    ``max_bytes`` bounds the safetensors written, all files together."""
     done: dict[str, str] = {}
+    left = max_bytes
 
     def rel(p: Path) -> str:
         return p.relative_to(directory).as_posix()
@@ -504,7 +664,9 @@ def convert_dir(directory: Path) -> dict[str, str]:
             continue
         target = path.with_name(safetensors_name(path.name))
         if not target.exists():  # a safetensors file beside the pickle wins
-            convert_file(path, target, rel(path))
+            convert_file(path, target, rel(path), left)
+            if left is not None:
+                left -= target.stat().st_size
             if target.name == "peft_model.safetensors":  # PaddleNLP finds LoRA by its index
                 write_index(target, read_safetensors(target))
         done[rel(path)] = rel(target)

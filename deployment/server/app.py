@@ -230,6 +230,8 @@ async def read_json(request: Request, limit: int) -> object:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"the body is not valid JSON: {exc}", 400) from None
+    except RecursionError:  # [[[[…]]]] a hundred thousand deep: refused, not a 500
+        raise InputError("the body is nested too deeply to be read as JSON", 400) from None
 
 
 def parse_inputs(body: object, task_kind: str, max_inputs: int) -> list:

@@ -6,6 +6,7 @@
 "code"}}``, so clients such as the ``openai`` package raise their usual exceptions.
 """
 
+import asyncio
 import json
 import time
 import uuid
@@ -128,15 +129,17 @@ async def complete(
     started = time.perf_counter()
     tokenizer = revision.tokenizer
     try:
+        # Rendering the model's chat template and tokenising are bounded but not instant: off
+        # the event loop, so that one slow request does not hold up the others.
         if chat:
-            prompt_ids = tokenizer.prompt_ids(parse_messages(body))
+            prompt_ids = await asyncio.to_thread(tokenizer.prompt_ids, parse_messages(body))
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1:
                 prompt = prompt[0]
             if not isinstance(prompt, str) or not prompt:
                 raise RequestError("prompt must be a non-empty string", "prompt")
-            prompt_ids = tokenizer.encode(prompt)
+            prompt_ids = await asyncio.to_thread(tokenizer.encode, prompt)
         params = sampling(body, len(prompt_ids), revision.context_length)
     except ChatTemplateError as exc:
         raise RequestError(str(exc), "messages") from None

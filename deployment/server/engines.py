@@ -124,8 +124,9 @@ class EngineRevision(Revision):
                 raise RuntimeError(f"{self.engine} is not installed on this serving host")
             self.port = _free_port()
             export_dir = Path(self.config["export_dir"])
+            self.user = predictor_user(self.key)
             model = await asyncio.get_running_loop().run_in_executor(
-                None, stage_export, self.key, export_dir
+                None, stage_export, self.key, export_dir, self.user
             )
             self.staged = model if model != export_dir else None
             values = {
@@ -136,9 +137,12 @@ class EngineRevision(Revision):
             }
             command = [part.format(**values) for part in spec["command"]]
             # The engine is sandboxed as the predictors are (training/sandbox.py).
-            user = predictor_user()
+            user = self.user
             home = model.parent if self.staged else None
-            with open(self.log, "wb") as out:
+            # Root's file, never opened through a link planted in its place.
+            self.log.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with open(os.open(self.log, flags, 0o600), "wb") as out:
                 self.process = subprocess.Popen(
                     command,
                     stdout=out,
@@ -183,6 +187,7 @@ class EngineRevision(Revision):
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        self.release_user()
         if self.staged is not None:
             shutil.rmtree(self.staged.parent, ignore_errors=True)
 

@@ -33,10 +33,15 @@ from training import sandbox
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def predictor_user() -> sandbox.RunnerUser:
-    """Whom predictor and engine processes run as (PLATFORM_RUNNER_USER where the host is
-    root)."""
-    return sandbox.runner_user(os.environ.get("PLATFORM_RUNNER_USER", ""))
+def predictor_user(key: str | None = None) -> sandbox.RunnerUser:
+    """Whom a revision's predictor and engine processes run as where the host is root: with
+    ``key`` (the revision's), a uid of its own claimed for it (PLATFORM_RUNNER_UID_BASE; give
+    it back with ``sandbox.release_user``), else PLATFORM_RUNNER_USER (shared)."""
+    name = os.environ.get("PLATFORM_RUNNER_USER", "")
+    if key is None:
+        return sandbox.runner_user(name)
+    base = int(os.environ.get("PLATFORM_RUNNER_UID_BASE", "200000") or 0)
+    return sandbox.claim_user(name, base, key)
 
 
 def predictor_env(home: Path | None = None) -> dict[str, str]:
@@ -122,13 +127,23 @@ class Replica:
     target = "deployment.server.replica"
     name = "predictor"
 
-    def __init__(self, export_dir: str, device: str, max_batch_size: int) -> None:
+    def __init__(
+        self,
+        export_dir: str,
+        device: str,
+        max_batch_size: int,
+        user: sandbox.RunnerUser | None = None,
+    ) -> None:
         self.conn, child = multiprocessing.Pipe()
-        user = predictor_user()
+        user = user or predictor_user()
         home = Path(export_dir).parent / "home" if user.switch else None
         if home is not None:
+            # In the predictors' own directory: whatever an earlier one left there is not
+            # followed.
+            if home.is_symlink() or (home.exists() and not home.is_dir()):
+                home.unlink()
             home.mkdir(exist_ok=True)
-            os.chown(home, user.uid, user.gid)
+            os.chown(home, user.uid, user.gid, follow_symlinks=False)
         fd = child.fileno()
         args = [self.target, str(fd), export_dir, device, str(max_batch_size)]
         self.process = subprocess.Popen(

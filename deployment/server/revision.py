@@ -49,11 +49,11 @@ def staging_dir() -> Path:
     return path
 
 
-def stage_export(key: str, export_dir: Path) -> Path:
+def stage_export(key: str, export_dir: Path, user: sandbox.RunnerUser | None = None) -> Path:
     """The export as the revision's predictors read it: ``export_dir`` itself, or where the
     host runs as root, a copy the predictors' user can read (the platform's storage is not
     readable by it)."""
-    user = predictor_user()
+    user = user or predictor_user()
     if not user.switch:
         return export_dir
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", key) + "-" + uuid.uuid4().hex[:8]
@@ -83,6 +83,8 @@ class Revision:
         self.batched_inputs = 0
         # The export the predictor processes read (a staged copy where they run as another user).
         self.staged: Path | None = None
+        # Whom its processes run as (a uid of its own where the host is root), claimed at load.
+        self.user: sandbox.RunnerUser | None = None
 
     @property
     def max_batch_size(self) -> int:
@@ -114,7 +116,10 @@ class Revision:
             # The replicas check every file's sha256; here only what validation needs.
             self.manifest = read_manifest(export_dir, verify=False)
             loop = asyncio.get_running_loop()
-            self.staged = await loop.run_in_executor(self.pool, stage_export, self.key, export_dir)
+            self.user = predictor_user(self.key)
+            self.staged = await loop.run_in_executor(
+                self.pool, stage_export, self.key, export_dir, self.user
+            )
             self.replicas = [self._replica() for _ in range(max(1, int(self.config["replicas"])))]
             await asyncio.gather(
                 *(loop.run_in_executor(self.pool, r.wait_ready) for r in self.replicas)
@@ -133,7 +138,9 @@ class Revision:
 
     def _replica(self) -> Replica:
         export_dir = self.staged or Path(self.config["export_dir"])
-        return self.replica_class(str(export_dir), str(self.config["device"]), self.max_batch_size)
+        return self.replica_class(
+            str(export_dir), str(self.config["device"]), self.max_batch_size, self.user
+        )
 
     async def predict(self, items: list) -> list[dict]:
         loop = asyncio.get_running_loop()
@@ -213,8 +220,16 @@ class Revision:
     async def _stop_replicas(self) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(self.pool, r.stop) for r in self.replicas))
+        self.release_user()
         if self.staged is not None and self.staged != Path(self.config["export_dir"]):
             shutil.rmtree(self.staged.parent, ignore_errors=True)
+
+    def release_user(self) -> None:
+        """Every process left of the revision's uid is killed (what a predictor left behind,
+        setsid or not), and the uid is free again."""
+        if self.user is not None:
+            sandbox.release_user(self.user)
+            self.user = None
 
     async def unload(self) -> None:
         self.state = "unloading"

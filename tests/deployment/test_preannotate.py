@@ -48,7 +48,9 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
     assert services.preannotate_run(project.pk, endpoint.pk, batch_size=2) == 3
 
     answers = {}
-    for task in label_studio.client().tasks.list(project=project.ls_project_id, fields="all"):
+    for task in label_studio.client(project.team).tasks.list(
+        project=project.ls_project_id, fields="all"
+    ):
         for p in task.predictions:
             data = p.model_dump() if hasattr(p, "model_dump") else p
             if data["model_version"].startswith("reviews:"):
@@ -61,7 +63,7 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
     for row, out in zip((1, 2, 4), expected, strict=True):
         assert answers[row][0] == out["label"]
         assert answers[row][1] == pytest.approx(out["score"], abs=1e-3)
-    stored = label_studio.client().projects.get(id=project.ls_project_id)
+    stored = label_studio.client(project.team).projects.get(id=project.ls_project_id)
     assert stored.sampling == "Uncertainty sampling"
 
     # Another team's endpoint, or one of another task kind, is refused.
@@ -110,7 +112,9 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
     services.preannotate_start(actor=owner, project=project, endpoint=endpoint)
     assert services.preannotate_run(project.pk, endpoint.pk) == 2
     drafts = {}
-    for task in label_studio.client().tasks.list(project=project.ls_project_id, fields="all"):
+    for task in label_studio.client(project.team).tasks.list(
+        project=project.ls_project_id, fields="all"
+    ):
         for p in task.predictions:
             data = p.model_dump() if hasattr(p, "model_dump") else p
             drafts[task.data["platform_row"]] = data["result"][0]["value"]["text"][0]

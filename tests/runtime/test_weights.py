@@ -108,3 +108,16 @@ def test_sharded_checkpoints_and_other_pickles(tmp_path):
     (tmp_path / "stray.pdparams").write_bytes(b"")
     with pytest.raises(weights.UnsafeWeights, match="never loads"):
         weights.refuse_pickles(Path(tmp_path))
+
+
+def test_tied_weights_convert_and_an_expanded_view_is_refused(tmp_path):
+    """Tied weights (an embedding and the LM head on one storage) are counted twice and still
+    convert; a tensor expanded with stride 0 (many elements from one) is refused."""
+    embedding = torch.randn(64, 32)
+    torch.save({"embed.weight": embedding, "lm_head.weight": embedding}, tmp_path / "tied.bin")
+    weights.convert_file(tmp_path / "tied.bin", tmp_path / "tied.safetensors")
+    converted = load_file(str(tmp_path / "tied.safetensors"))
+    assert torch.equal(converted["lm_head.weight"], embedding)
+    torch.save({"w": torch.zeros(1).expand(1000, 1000)}, tmp_path / "expanded.bin")
+    with pytest.raises(weights.UnsafeWeights, match="elements overlap"):
+        weights.convert_file(tmp_path / "expanded.bin", tmp_path / "expanded.safetensors")

@@ -32,9 +32,12 @@ def real_limits(settings):
 
 
 def login(username: str, password: str, address: str, client: Client | None = None):
-    client = client or Client(HTTP_ACCEPT_LANGUAGE="en")
+    client = client or Client()
     response = client.post(
-        reverse("console:login"), {"username": username, "password": password}, REMOTE_ADDR=address
+        reverse("console:login"),
+        {"username": username, "password": password},
+        REMOTE_ADDR=address,
+        HTTP_ACCEPT_LANGUAGE="en",
     )
     return response
 

@@ -17,7 +17,7 @@ import pytest
 
 from console.models import Membership
 from console.roles import Role
-from labeling import label_studio, services
+from labeling import consensus, label_studio, label_studio_admin, selectors, services
 from labeling.models import Annotation
 from tests.conftest import make_version
 from tests.labeling.test_label_studio import needs_label_studio
@@ -51,6 +51,9 @@ class Browser:
     def delete(self, path: str) -> httpx.Response:
         return self.http.delete(path, headers=self._headers())
 
+    def patch(self, path: str, **kw) -> httpx.Response:
+        return self.http.patch(path, headers=self._headers(), **kw)
+
     def token(self) -> "TokenClient":
         """An API token of the account's own (Label Studio's "reset token")."""
         made = self.post("/api/current-user/reset-token/")
@@ -74,6 +77,9 @@ class TokenClient:
 
     def delete(self, path: str) -> httpx.Response:
         return self.http.delete(path)
+
+    def patch(self, path: str, **kw) -> httpx.Response:
+        return self.http.patch(path, **kw)
 
 
 def project_ids(response: httpx.Response) -> set[int]:
@@ -173,8 +179,16 @@ def test_votes_of_accounts_that_are_no_labeling_members_do_not_count(client, tea
         puppets.append(made.json()["id"])
     own = alice.post(f"/api/tasks/{task}/annotations/", json={"result": choice("正面")})
     assert own.status_code == 201, own.text
+    service = TokenClient(label_studio_admin.team_token(teams["alpha"].pk))
     for puppet in puppets:
+        # Alice cannot vote in their name (test_one_annotator_has_one_vote_in_own_name)…
         vote = alice.post(
+            f"/api/tasks/{task}/annotations/",
+            json={"result": choice("负面"), "completed_by": puppet},
+        )
+        assert vote.status_code in DENIED, vote.text
+        # …the votes of such accounts, however made, do not count either.
+        vote = service.post(
             f"/api/tasks/{task}/annotations/",
             json={"result": choice("负面"), "completed_by": puppet},
         )
@@ -313,9 +327,11 @@ def test_console_logout_ends_the_label_studio_session(client, teams):
     response = client.get(f"/t/alpha/labeling/{project.pk}/open/")
     alice = Browser(response.cookies["sessionid"].value)
     assert alice.get("/api/current-user/whoami").status_code == 200
+    token = alice.token()  # made from the session: it goes with it
 
     assert client.post("/logout/").status_code in (200, 302)
     assert alice.get("/api/current-user/whoami").status_code in DENIED
+    assert token.get("/api/current-user/whoami").status_code in DENIED
     assert alice.get(f"/api/projects/{project.ls_project_id}/").status_code in DENIED
 
 
@@ -326,3 +342,214 @@ def test_the_hand_over_writes_no_invite_url_to_the_log(client, teams, caplog):
     hand_over(client, teams["carol"], teams["alpha"], teams["projects"]["alpha"])
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "?token=" not in text and "/user/signup" not in text and "/api/invite" not in text
+
+
+def organisation_of(team) -> int:
+    return label_studio_admin.team_ensure(team)["organization"]
+
+
+def test_a_member_cannot_switch_into_another_teams_organisation(client, teams):
+    """Bob (Beta) writes Alpha's organisation into his account's active organisation, the one
+    most of Label Studio's routes scope by, then goes through them for Alpha's project."""
+    project = teams["projects"]["alpha"]
+    ls_id, task = project.ls_project_id, task_ids(project)[1]
+    service = TokenClient(label_studio_admin.team_token(teams["alpha"].pk))
+    made = service.post(
+        "/api/predictions/", json={"task": task, "result": choice("正面"), "model_version": "m"}
+    )
+    assert made.status_code == 201, made.text
+    services.labeling_project_webhook_register(project)  # its secret header is in the list
+    alpha_org = organisation_of(teams["alpha"])
+    alpha_service = f"team-{teams['alpha'].pk}@{label_studio.settings.LABEL_STUDIO_ACCOUNT_DOMAIN}"
+    session = hand_over(client, teams["bob"], teams["beta"], teams["projects"]["beta"])
+    token = session.token()
+    me = token.get("/api/current-user/whoami").json()
+    for who in (session, token):
+        switch = who.patch(f"/api/users/{me['id']}/", json={"active_organization": alpha_org})
+        assert switch.status_code != 200 or switch.json()["active_organization"] != alpha_org
+        assert token.get("/api/current-user/whoami").json()["active_organization"] != alpha_org
+
+    for who in (session, token):
+        assert_no_access(who, project)
+        wiped = who.delete(f"/api/projects/{ls_id}/tasks/")
+        assert wiped.status_code in DENIED, wiped.text
+        imported = who.post(f"/api/projects/{ls_id}/import", json=[{"text": "偷偷加的"}])
+        assert imported.status_code in DENIED, imported.text
+        predictions = who.get("/api/predictions/", params={"project": ls_id})
+        assert predictions.status_code in DENIED or not [
+            p for p in predictions.json() if p["task"] == task
+        ], predictions.text
+        hooks = who.get("/api/webhooks/")
+        assert hooks.status_code in DENIED or not [
+            h for h in hooks.json() if h.get("project") == ls_id
+        ], hooks.text
+        assert services.WEBHOOK_SECRET_HEADER.lower() not in hooks.text.lower()  # not even Beta's
+        people = who.get("/api/users/").json()
+        people = people["results"] if isinstance(people, dict) else people
+        assert alpha_service not in {u["email"] for u in people}
+    ls = label_studio.client(teams["alpha"])
+    texts = {t.data.get("text") for t in ls.tasks.list(project=ls_id)}
+    assert texts == {"房间干净", "早餐很差", "服务热情"}
+
+
+def test_tasks_and_predictions_cannot_be_written_into_another_teams_project(client, teams):
+    """Bob (Beta) names Alpha's project in ``POST /api/tasks/`` and Alpha's task in
+    ``POST /api/predictions/``: Label Studio looked them up by id and wrote."""
+    project = teams["projects"]["alpha"]
+    task = task_ids(project)[1]
+    bob = hand_over(client, teams["bob"], teams["beta"], teams["projects"]["beta"]).token()
+    made = bob.post("/api/tasks/", json={"project": project.ls_project_id, "data": {"text": "x"}})
+    assert made.status_code in DENIED, made.text
+    predicted = bob.post(
+        "/api/predictions/", json={"task": task, "result": choice("负面"), "model_version": "m"}
+    )
+    assert predicted.status_code in (*DENIED, 400), predicted.text
+    ls = label_studio.client(teams["alpha"])
+    tasks = list(ls.tasks.list(project=project.ls_project_id, fields="all"))
+    assert len(tasks) == 3
+    assert not [p for t in tasks for p in t.predictions or []]
+    # In his own team's project, Bob still writes.
+    own = bob.post(
+        "/api/tasks/",
+        json={"project": teams["projects"]["beta"].ls_project_id, "data": {"text": "x"}},
+    )
+    assert own.status_code == 201, own.text
+
+
+def test_one_annotator_has_one_vote_in_own_name(client, teams):
+    """Alice posts a task's annotation three times, one more in Carol's name, and changes
+    Carol's: Carol's answer and Alice's make a tie, not Alice's majority."""
+    project = teams["projects"]["alpha"]
+    task = task_ids(project)[1]
+    carol = hand_over(client, teams["carol"], teams["alpha"], project)
+    alice = hand_over(client, teams["alice"], teams["alpha"], project)
+    carols = carol.post(f"/api/tasks/{task}/annotations/", json={"result": choice("正面")})
+    assert carols.status_code == 201, carols.text
+    carol_id = carols.json()["completed_by"]
+    for _ in range(3):
+        vote = alice.post(f"/api/tasks/{task}/annotations/", json={"result": choice("负面")})
+        assert vote.status_code == 201, vote.text
+    forged = alice.post(
+        f"/api/tasks/{task}/annotations/",
+        json={"result": choice("负面"), "completed_by": carol_id},
+    )
+    assert forged.status_code in DENIED, forged.text
+    changed = alice.patch(
+        f"/api/annotations/{carols.json()['id']}/", json={"result": choice("负面")}
+    )
+    assert changed.status_code in DENIED, changed.text
+    assert alice.delete(f"/api/annotations/{carols.json()['id']}/").status_code in DENIED
+
+    services.labeling_project_sync(project.pk)
+    answers = selectors.labeling_project_answers(project)[1]
+    assert sorted(who for who, _v in answers) == ["alice", "carol"]
+    assert consensus.resolve(answers, "majority") is None  # a tie: no majority
+    assert selectors.labeling_project_progress(project)["per_annotator"] == {"alice": 1, "carol": 1}
+
+
+def test_a_password_change_ends_label_studio_sessions_and_tokens(
+    client, teams, django_capture_on_commit_callbacks
+):
+    from console import services as console_services
+
+    project = teams["projects"]["alpha"]
+    alice = hand_over(client, teams["alice"], teams["alpha"], project)
+    token = alice.token()
+    assert token.get("/api/current-user/whoami").status_code == 200
+    with django_capture_on_commit_callbacks(execute=True):
+        console_services.user_set_password(
+            actor=teams["alice"], user=teams["alice"], password="a-New-pw-4711-xyz"
+        )
+    assert alice.get("/api/current-user/whoami").status_code in DENIED
+    assert token.get("/api/current-user/whoami").status_code in DENIED
+    assert_no_access(token, project)
+
+
+def test_a_service_account_made_in_advance_is_not_adopted(client, teams, make_team, settings):
+    """Bob makes ``team-<id>@<domain>`` before the platform makes the team's organisation:
+    the organisation gets a service account of its own, and Bob's account none of it."""
+    bob = hand_over(client, teams["bob"], teams["beta"], teams["projects"]["beta"]).token()
+    gamma = make_team("Gamma", {teams["oscar"]: Role.OWNER})
+    email = f"team-{gamma.pk}@{settings.LABEL_STUDIO_ACCOUNT_DOMAIN}"
+    made = bob.post("/api/users/", json={"username": f"team-{gamma.pk}", "email": email})
+    assert made.status_code == 201, made.text
+    ensured = label_studio_admin.team_ensure(gamma)
+    assert ensured["user"] != made.json()["id"]
+    people = label_studio.client(gamma).users.list()
+    assert made.json()["id"] not in {u.id for u in people}
+
+
+def label_studio_server_pids() -> list[int]:
+    from pathlib import Path
+
+    port = label_studio.settings.LABEL_STUDIO_URL.rsplit(":", 1)[-1]
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"label-studio") for a in argv) and port.encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+def test_label_studio_runs_without_the_platforms_secrets():
+    """Label Studio's S3 storage falls back to AWS_* variables: whatever an account makes it
+    run, the platform's secrets are not in its environment."""
+    import os
+    from pathlib import Path
+
+    pids = label_studio_server_pids()
+    if not pids:
+        pytest.skip("Label Studio runs elsewhere (LABEL_STUDIO_URL given): its process is not here")
+    assert "REDIS_URL" in os.environ  # the platform's, that Label Studio must not get
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        names = {e.split(b"=", 1)[0].decode() for e in environ if e}
+        leaked = {
+            n
+            for n in names
+            if n.startswith("AWS_")
+            or n
+            in {"REDIS_URL", "SECRET_KEY", "SERVING_SECRET", "DATABASE_URL", "LABEL_STUDIO_TOKEN"}
+        }
+        assert not leaked, (pid, leaked)
+
+
+def test_the_webhook_exception_holds_for_the_platforms_port_only(tmp_path):
+    """The private-address guard's one exception, the platform's receiver path on loopback, is
+    pinned to PLATFORM_URL's port: not a way to reach another service on loopback."""
+    import importlib.util
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from django.conf import settings
+
+    path = Path(settings.BASE_DIR) / "platform" / "label_studio.py"
+    spec = importlib.util.spec_from_file_location("platform_label_studio", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env = module.admin_env(
+        tmp_path, {"PATH": "/usr/bin:/bin", "PLATFORM_URL": "http://127.0.0.1:8000"}
+    )
+    urls = [
+        "http://127.0.0.1:8000/hooks/label-studio/1/",
+        "http://localhost:8000/hooks/label-studio/1/",
+        "http://127.0.0.1:6379/hooks/label-studio/1/",
+        "http://127.0.0.1/hooks/label-studio/1/",
+    ]
+    script = (
+        "import json, pathlib, sys, django, label_studio\n"
+        "sys.path.insert(0, str(pathlib.Path(label_studio.__file__).parent))\n"
+        "django.setup()\n"
+        "from platform_ls.apps import is_platform_webhook\n"
+        f"print(json.dumps([is_platform_webhook(u) for u in {urls!r}]))\n"
+    )
+    python = Path(module.binary()).with_name("python")
+    done = subprocess.run(
+        [str(python), "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, False, False]

@@ -118,7 +118,7 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
         assert env["HOME"].startswith(str(services.job_workdir(job)))
         if ROOT:
             assert runner.uids().real != 0 and runner.uids().effective != 0
-            assert runner.uids().real == services.runner_sandbox().uid
+            assert runner.uids().real == services.runner_sandbox(job).uid
             assert 0 not in (runner.gids().real, runner.gids().effective)
 
         started = services.runner_popen_args(job, services.job_workdir(job))
@@ -136,7 +136,7 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
         assert_no_secrets(seen["env"], secrets)
         assert seen["write_own_workdir"] and seen["umask"] == 0o077
         if ROOT:
-            assert seen["uid"] == services.runner_sandbox().uid != 0
+            assert seen["uid"] == services.runner_sandbox(job).uid != 0
             assert 0 not in seen["groups"]
             refused = [
                 "list_data_dir",
@@ -164,6 +164,185 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
             wait_for(job, timeout=30)
 
 
+# Run as a job's runner (``services.runner_popen_args``): what it can do to another job's
+# directory, and a process it leaves behind (setsid: out of its process group, no
+# parent-death signal), whose pid it prints.
+NEIGHBOUR = """
+import json, os, subprocess, sys
+other = sys.argv[1]
+def can(f):
+    try:
+        f(); return True
+    except OSError:
+        return False
+left = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(json.dumps({
+    "uid": os.getuid(),
+    "list_other": can(lambda: os.listdir(other)),
+    "read_other": can(lambda: open(os.path.join(other, "spec.json")).read()),
+    "write_other": can(lambda: open(os.path.join(other, "planted"), "w").write("x")),
+    "left": left.pid,
+}))
+"""
+
+
+def _as_runner(job, script: str, *args: str) -> dict:
+    started = services.runner_popen_args(job, services.job_workdir(job))
+    started["args"] = [settings.TRAINING_PYTHON, "-c", script, *args]
+    done = subprocess.run(**started, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not ROOT, reason="a uid per job needs root to switch")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("train_worker")
+def test_jobs_run_as_uids_of_their_own_and_leave_no_process_behind(team, owner):
+    """Two teams' jobs at once on one node: each runner has a uid of its own, neither reads
+    nor writes the other's directory; a process a runner leaves behind (setsid) dies with
+    its job, however the job ends (here: cancelled, and failed)."""
+    from labeling import services as labeling_services
+
+    rows, mapping = rows_for("text_classification", 200)
+    jobs = []
+    for name in ("first", "second"):
+        dataset = labeling_services.dataset_create(
+            actor=owner, team=team, name=name, task_kind="text_classification"
+        )
+        version = make_jsonl_version(dataset, owner, rows, mapping)
+        jobs.append(
+            services.training_job_submit(
+                actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
+            )
+        )
+    try:
+        a, b = (wait_for(j, until=lambda j: j.step > 0 or j.status == "failed") for j in jobs)
+        assert (a.status, b.status) == ("running", "running"), (a.error, b.error)
+        seen_a = _as_runner(a, NEIGHBOUR, str(services.job_workdir(b)))
+        seen_b = _as_runner(b, NEIGHBOUR, str(services.job_workdir(a)))
+        assert seen_a["uid"] != seen_b["uid"]
+        assert 0 not in (seen_a["uid"], seen_b["uid"])
+        for seen in (seen_a, seen_b):
+            assert not (seen["list_other"] or seen["read_other"] or seen["write_other"]), seen
+            assert psutil.pid_exists(seen["left"])
+        services.training_job_cancel(actor=owner, job=a)
+        assert wait_for(a, timeout=60).status == "cancelled"
+        [runner] = children_running(b.pid, "training.run")
+        runner.kill()
+        assert wait_for(b, timeout=60).status == "failed"
+        for seen in (seen_a, seen_b):
+            assert not _alive(seen["left"]), "a runner's leftover process outlived its job"
+    finally:
+        for job in jobs:
+            job.refresh_from_db()
+            if job.status == "running":
+                services.training_job_cancel(actor=owner, job=job)
+                wait_for(job, timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# Run as a failed job's runner: links for root to follow, where root reads or writes.
+PLANT = """
+import os, sys
+secret, target = sys.argv[1:3]
+os.unlink("spec.json")
+os.symlink(target, "spec.json")
+os.makedirs("log", exist_ok=True)
+os.symlink(secret, "log/node-1.out")
+os.makedirs("export", exist_ok=True)
+os.symlink(secret, "export/model.pdiparams")
+os.symlink(os.path.dirname(secret), "best")
+os.makedirs("data/sub", exist_ok=True)
+os.chmod("data/sub", 0o777)
+os.unlink("data/train.jsonl")
+os.symlink(secret, "data/train.jsonl")
+print("{}")
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="the runner is another user only where the platform is root")
+@pytest.mark.django_db
+def test_links_a_runner_plants_are_not_followed_by_the_platform(team, owner, tmp_path, settings):
+    """A runner plants links to the secret key (and to a file of root's) where the platform,
+    as root, writes on a re-attempt (spec.json, data/) and reads once the runner ends (its
+    export and best checkpoint, the log of a part on another node) and leaves a subdirectory
+    open to all: the job's error holds no byte of the key, the directory taken
+    back is root's to the last entry, the outputs are refused without a byte of the target,
+    and preparing the retry replaces the links instead of writing through them."""
+    from labeling import services as labeling_services
+    from training.models import TrainingJob
+
+    secret_value = "the-platform-secret-key-0123456789"
+    secret = Path(settings.DATA_DIR) / "secret_key"
+    secret.write_text(secret_value)
+    target = tmp_path / "root-file"
+    target.write_text("root's own")
+    dataset = labeling_services.dataset_create(
+        actor=owner, team=team, name="links", task_kind="text_classification"
+    )
+    rows, mapping = rows_for("text_classification", 40)
+    version = make_jsonl_version(dataset, owner, rows, mapping)
+    # A job as a worker has it after a failed attempt (never queued: the test is its runner).
+    job = TrainingJob.objects.create(
+        team=team,
+        name="links",
+        dataset_version=version,
+        task_kind="text_classification",
+        labels=sorted({r["label"] for r in rows}),
+        hyperparameters={},
+        status="failed",
+        attempts=1,
+        created_by=owner,
+    )
+    workdir = services.job_workdir(job)
+    services._prepare_workdir(job, workdir)
+    _as_runner(job, PLANT, str(secret), str(target))
+
+    # The job spans two nodes and this one's part fails (its launcher exits at once): the
+    # part's log, whose tail goes into the job's error, is not the link to the secret key.
+    TrainingJob.objects.filter(pk=job.pk).update(
+        status="running",
+        device_count=2,
+        rendezvous="127.0.0.1:9",
+        placement=[
+            {"node": "elsewhere", "devices": [0], "address": ""},
+            {"node": settings.NODE_NAME, "devices": [0], "address": ""},
+        ],
+    )
+    settings.TRAINING_PYTHON = "/bin/false"
+    services.training_job_part_execute(job.pk, 1, 1)
+    job.refresh_from_db()
+    assert job.status == "failed" and "Part 1" in job.error, job.error
+    assert secret_value not in job.error
+    assert secret.read_text() == secret_value
+
+    user = services.runner_sandbox(job)
+    sandbox.take_back(user, workdir)
+    for root, dirs, files in os.walk(workdir):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            st = os.lstat(name)
+            assert st.st_uid == 0, name
+            assert st.st_mode & 0o077 == 0 or os.path.islink(name), name
+    with pytest.raises(PermissionError) as refused:
+        sandbox.check_outputs(user, [workdir / "export", workdir / "best"])
+    assert secret_value not in str(refused.value)
+
+    services._prepare_workdir(job, workdir)  # the retry's
+    assert target.read_text() == "root's own"
+    assert not (workdir / "spec.json").is_symlink()
+    assert json.loads((workdir / "spec.json").read_text())["job_id"] == job.pk
+    assert not (workdir / "data" / "train.jsonl").is_symlink()
+    assert secret_value not in (workdir / "data" / "train.jsonl").read_text()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _worker_secrets(pid: int) -> dict[str, str]:
     env = environ_of(pid)
     return {n: env[n] for n in SECRET_NAMES if env.get(n)}
@@ -181,7 +360,9 @@ def test_a_predictor_process_holds_no_secret_and_runs_unprivileged(fresh_host, e
     assert "SERVING_SECRET" in secrets
     assert_no_secrets(environ_of(predictor.pid), secrets)
     if ROOT:
-        assert predictor.uids().effective == sandbox.runner_user("").uid != 0
+        # A uid of the revision's own (PLATFORM_RUNNER_UID_BASE), not the shared user's.
+        assert predictor.uids().effective >= 200000
+        assert predictor.uids().effective not in (0, sandbox.runner_user("").uid)
         # It reads a staged copy of the model, not the platform's (or the test's) own files.
         assert not predictor.cwd().startswith(str(settings.DATA_DIR))
 
@@ -193,6 +374,17 @@ LOOPING = (
     "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
     "{% endfor %}{{ ns.s }}",
     "{{ '%0999999999d' % 1 }}",
+    # Small numbers, huge work: a million references to a million characters, joined.
+    "{% set s = 'a'.ljust(999999) %}{{ ([s] * 999999)|join }}",
+    "{% set s = 'a'.ljust(999999) %}{% set l = [s, s, s, s] %}{{ ''.join([l, l]|sum(start=[])) }}",
+    "{% set s = 'a'.ljust(999999) %}{% set l = [s, s, s, s] %}{{ [l, l, l, l]|join }}",
+    "{{ ('\t' * 999999).expandtabs(999999) }}",
+    "{{ ('a' * 999999).replace('a', 'bbbbbbbbbb') }}",
+    "{{ ('{:999999}' * 1000).format(*range(1000)) }}",
+    "{{ ('x\n' * 400000)|indent(999999) }}",
+    # 99,000 calls on a million characters each (150 s before they were counted as work).
+    "{% set s = 'a'.ljust(999999) %}{% for i in range(9900) %}{% for j in range(10) %}"
+    "{% set t = s.upper() %}{% endfor %}{% endfor %}",
 )
 
 
@@ -208,4 +400,22 @@ def test_a_chat_template_that_loops_for_ever_is_refused_at_import(llm_dirs, tmp_
         services.inspect_model_dir(model, "torch")
     with pytest.raises(ChatTemplateError, match="chat template was stopped"):
         ChatTokenizer(model).render([{"role": "user", "content": "你好"}], True)
+    assert time.monotonic() - started < 5
+
+
+def test_a_chat_template_costly_only_for_longer_conversations_is_refused_at_import(
+    llm_dirs,  # noqa: F811
+    tmp_path,
+):
+    """A template that renders the two-message sample cheaply and longer conversations at
+    great cost is tried on several conversations at import (1 to 9 turns, system and tool)."""
+    model = tmp_path / "dodging"
+    shutil.copytree(llm_dirs["torch"], model)
+    (model / "chat_template.jinja").write_text(
+        "{% if messages|length > 2 %}{% for i in range(10**9) %}x{% endfor %}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    started = time.monotonic()
+    with pytest.raises(ValidationError, match="chat template was stopped"):
+        services.inspect_model_dir(model, "torch")
     assert time.monotonic() - started < 5

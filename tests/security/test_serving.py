@@ -151,6 +151,30 @@ def test_a_body_over_the_limit_gets_413_even_with_a_key(host, path):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("path", INFERENCE[:2])
+def test_a_deeply_nested_body_gets_400_not_a_crash(host, path):
+    """With a valid key: JSON nested 100,000 deep (200 KB, within the limit) overflows the
+    parser's recursion; the caller hears 400 saying so, and the host still answers."""
+    time.sleep(1.1)  # the key's rate: one call a second
+    nested = b"[" * 100_000 + b"]" * 100_000
+    r = requests.post(
+        host.url + path,
+        data=nested,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    assert "nested too deeply" in r.json()["error"]["message"], r.text
+    time.sleep(1.1)
+    r = requests.post(
+        host.url + INFERENCE[0],
+        json={"inputs": ["很好"]},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+
 def _comparable(r: requests.Response) -> tuple:
     headers = {k.lower(): v for k, v in r.headers.items() if k.lower() != "date"}
     return r.status_code, r.content, sorted(headers.items())

@@ -163,6 +163,136 @@ def test_a_crafted_pytorch_model_bin_is_refused(client, team, ernie, marker, lay
     assert not BaseModel.objects.exists()
 
 
+# -- Checkpoints that ask for more memory than they hold ----------------------------------------
+
+
+def _g(module: str, name: str) -> bytes:  # GLOBAL
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _s(text: str) -> bytes:  # BINUNICODE
+    return b"X" + len(text.encode()).to_bytes(4, "little") + text.encode()
+
+
+def _i(n: int) -> bytes:  # BININT
+    return b"J" + n.to_bytes(4, "little", signed=True)
+
+
+def _tuple(*items: bytes) -> bytes:
+    return b"(" + b"".join(items) + b"t"
+
+
+def _torch_tensor(numel: int, size: tuple, stride: tuple) -> bytes:
+    """``_rebuild_tensor_v2(storage "0" of ``numel`` floats, 0, size, stride, False, {})``."""
+    storage = _tuple(_s("storage"), _g("torch", "FloatStorage"), _s("0"), _s("cpu"), _i(numel))
+    args = _tuple(storage + b"Q", _i(0), _tuple(*map(_i, size)), _tuple(*map(_i, stride)), b"\x89}")
+    return _g("torch._utils", "_rebuild_tensor_v2") + args + b"R"
+
+
+def _pickle_of(items: dict[str, bytes]) -> bytes:
+    return b"\x80\x02}" + b"".join(_s(k) + v + b"s" for k, v in items.items()) + b"."
+
+
+def _torch_zip(data_pkl: bytes, storage: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:  # stored, as torch.save writes it
+        zf.writestr("archive/data.pkl", data_pkl)
+        zf.writestr("archive/data/0", storage)
+        zf.writestr("archive/byteorder", "little")
+        zf.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+def _nested(depth: int) -> bytes:
+    """{"a": {"a": … {} …}} ``depth`` deep, written without recursion."""
+    return b"\x80\x02" + (b"}" + _s("a")) * depth + b"}" + b"s" * depth + b"."
+
+
+ASKS_TOO_MUCH = {
+    # A 4-byte storage seen as 10**8 x 10**8 floats with stride 0: a copy of 35 PiB.
+    "stride-0": (
+        _torch_zip(_pickle_of({"w": _torch_tensor(1, (10**8, 10**8), (0, 0))}), b"\0" * 4),
+        "elements overlap",
+    ),
+    # Strides that fold back onto the same elements (a 4 x 4 view of four floats).
+    "overlap": (
+        _torch_zip(_pickle_of({"w": _torch_tensor(4, (4, 4), (1, 0))}), b"\0" * 16),
+        "elements overlap",
+    ),
+    # numpy.ndarray called directly: 4 MB of floats (8 GB with 2**31) from a 60-byte pickle.
+    "ndarray": (
+        _pickle_of({"w": _g("numpy", "ndarray") + _tuple(_tuple(_i(1 << 20)), _s("f4")) + b"R"}),
+        "numpy.ndarray is called directly",
+    ),
+    # 200 names of one 64 KB storage: 13 MB of safetensors from a 70 KB file.
+    "shared-storage": (
+        _torch_zip(
+            _pickle_of({f"w{i}": _torch_tensor(16384, (16384,), (1,)) for i in range(200)}),
+            b"\0" * 65536,
+        ),
+        "more than the file holds",
+    ),
+    # A BUILD on an allowed function: setattr(_rebuild_parameter, "__defaults__", (1,)).
+    "build-on-a-function": (
+        _pickle_of(
+            {
+                "w": _g("torch._utils", "_rebuild_parameter")
+                + b"N}"
+                + _s("__defaults__")
+                + _tuple(_i(1))
+                + b"s\x86b"
+            }
+        ),
+        "cannot be given a state",
+    ),
+    # An array of Python objects (dtype "O"), refused when its dtype is made.
+    "object-dtype": (
+        _pickle_of({"w": _g("numpy", "dtype") + _tuple(_s("O8"), b"\x89", b"\x88") + b"R"}),
+        "Python objects",
+    ),
+    # Nested 50,000 deep: the walk through the state dict would overflow the stack.
+    "nested": (_nested(50_000), "nesting"),
+}
+
+
+@pytest.mark.parametrize("attack", ASKS_TOO_MUCH)
+def test_a_checkpoint_asking_for_more_than_it_holds_is_refused(client, team, ernie, attack):
+    """A few bytes of pytorch_model.bin that would make the import allocate (or write)
+    gigabytes, or tamper with the unpickler's own functions: 400 naming what was wrong."""
+    from training import weights as converter
+
+    crafted, message = ASKS_TOO_MUCH[attack]
+    config = json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2})
+    files = {
+        "model/config.json": config.encode(),
+        "model/vocab.txt": (ernie / "vocab.txt").read_bytes(),
+        "model/pytorch_model.bin": crafted,
+    }
+    response = import_archive(client, team, tar_of(files), backend="torch")
+    assert response.status_code == 400, response.content
+    assert "pytorch_model.bin" in detail(response) and message in detail(response)
+    assert not BaseModel.objects.exists()
+    assert converter._rebuild_parameter.__defaults__ is None
+
+
+def test_links_in_a_server_directory_are_refused(team, owner, ernie):
+    """A model directory under MODEL_IMPORT_DIR whose file links to the platform's secrets (or
+    another team's model): copying it would follow the link into the team's model."""
+    secret = settings.MODEL_IMPORT_DIR.parent / "secret_key"
+    secret.write_text("the platform's secret")
+    linked = settings.MODEL_IMPORT_DIR / "linked-ernie"
+    shutil.copytree(ernie, linked, dirs_exist_ok=True)
+    (linked / "notes.txt").symlink_to(secret)
+    try:
+        with pytest.raises(Exception, match=r"notes\.txt is a symbolic link") as exc:
+            services.base_model_import(actor=owner, team=team, name="linked", path="linked-ernie")
+        assert "may not hold links" in str(exc.value)
+        assert not BaseModel.objects.exists()
+    finally:
+        shutil.rmtree(linked)
+        secret.unlink()
+
+
 def _version_archive(export: dict[str, bytes], checkpoint: dict[str, bytes], **manifest) -> bytes:
     fields = {
         "format": 1,

@@ -3,7 +3,8 @@
 Label Studio checks a webhook's URL when it is saved (``webhooks.serializers``) and again when it
 calls it (``webhooks.utils.ssrf_safe_post``, against DNS rebinding). Both are wrapped here: a URL
 whose host is literally one of ``PLATFORM_WEBHOOK_HOSTS`` (no name to resolve, so nothing to
-rebind) and whose path is the platform's receiver ``/hooks/label-studio/<id>/`` passes; every
+rebind), whose port is one of ``PLATFORM_WEBHOOK_PORTS`` (the platform's, not any service on
+loopback) and whose path is the platform's receiver ``/hooks/label-studio/<id>/`` passes; every
 other URL goes through Label Studio's own check. The names wrapped are those of 1.23.2: if a
 release moves them, Label Studio refuses to start rather than run without the guard.
 """
@@ -21,10 +22,12 @@ PINNED = "1.23."
 def is_platform_webhook(url: str) -> bool:
     try:
         parts = urlsplit(url)
+        port = str(parts.port or (443 if parts.scheme == "https" else 80))
     except ValueError:
         return False
     return (
         parts.scheme in ("http", "https")
+        and ("*" in settings.PLATFORM_WEBHOOK_PORTS or port in settings.PLATFORM_WEBHOOK_PORTS)
         and parts.hostname in settings.PLATFORM_WEBHOOK_HOSTS
         and not parts.username
         and not parts.password
@@ -65,3 +68,7 @@ class PlatformConfig(AppConfig):
 
         webhooks.utils.ssrf_safe_post = post
         webhooks.serializers.validate_url_for_ssrf = check
+
+        from platform_ls import guards
+
+        guards.install()

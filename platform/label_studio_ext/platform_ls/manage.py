@@ -12,17 +12,21 @@ never in argv: it holds passwords and tokens). Standard output: one JSON object,
 […]}``, one result per op. Every op is idempotent.
 
 - ``team`` {id, title, token}: the organisation of platform team ``id``, owned by the service
-  account ``team-<id>@<domain>`` (no password; the platform's API token ``token`` for it).
+  account ``team-<id>@<domain>`` (no password, no session, no token but the platform's
+  ``token``). An account of that address that was not made with its organisation here
+  (someone made it in advance) is revoked and renamed, never adopted.
 - ``member`` {email, password, name, teams: [team], active}: the account exists, is active, is a
   member of exactly these teams' organisations (``team`` as above) and works in ``active``'s.
 - ``revoke`` {email}: the account is deactivated, leaves every organisation, its tokens are
   deleted and its sessions end.
 - ``end_sessions`` {email, password}: every session of the account ends (Django checks a
-  session against a hash of the password's hash: set again with a new salt, it changes).
+  session against a hash of the password's hash: set again with a new salt, it changes), and
+  every API token (legacy tokens deleted, JWTs blacklisted).
 - ``converge`` {teams: [team], accounts: [{email, teams: [id], active}]}: the whole desired
   state; accounts of the domain that are not listed (teams' service accounts apart), or listed
   with no team, are revoked, and every team organisation loses the members that are not listed
-  for it.
+  for it. Every organisation's invite token is reset, and an active organisation that is no
+  active membership of its user is replaced.
 """
 
 import json
@@ -58,6 +62,14 @@ def _team(spec: dict, domain: str):
     email = _service_email(spec["id"], domain)
     with transaction.atomic():
         user = User.objects.filter(email=email).first()
+        if user is not None and not Organization.objects.filter(created_by=user).exists():
+            # Not made here (the service account and its organisation are made together): an
+            # account someone made in advance under a future team's name. It is not adopted.
+            _revoke(user, force=True)
+            user.email = f"squatted-{user.pk}-{email}"[:254]
+            user.username = user.email.split("@")[0][:256]
+            user.save(update_fields=["email", "username"])
+            user = None
         if user is None:
             user = User.objects.create_user(
                 email=email, password=None, username=email.split("@")[0]
@@ -76,13 +88,20 @@ def _team(spec: dict, domain: str):
             org.jwt.legacy_api_tokens_enabled = True
             org.jwt.save()
         org.add_user(user)
-        if user.active_organization_id != org.pk or not user.is_active:
+        usable = user.has_usable_password()
+        if user.active_organization_id != org.pk or not user.is_active or usable:
             user.active_organization = org
             user.is_active = True
-            user.save(update_fields=["active_organization", "is_active"])
+            # Nobody logs in as a service account: no password, so no session either.
+            user.set_unusable_password()
+            user.save(update_fields=["active_organization", "is_active", "password"])
+        # Its only credential is the platform's token: any other token, and any JWT, goes.
+        _blacklist_jwts(user)
         if spec.get("token"):
             Token.objects.filter(user=user).exclude(key=spec["token"]).delete()
             Token.objects.get_or_create(user=user, key=spec["token"])
+        else:
+            Token.objects.filter(user=user).delete()
     return user, org
 
 
@@ -127,7 +146,10 @@ def _member(spec: dict, domain: str, teams: dict) -> dict:
                 email=spec["email"], password=spec["password"], username=spec["email"].split("@")[0]
             )
         elif spec.get("password") and not user.check_password(spec["password"]):
+            # Not the password the platform gives it: an account made by someone else under
+            # the platform's address, or one revoked before. Whatever credentials it had go.
             user.set_password(spec["password"])
+            _tokens_delete(user)
         if spec.get("name") is not None:
             user.first_name = spec["name"][:256]
         user.is_active = True
@@ -137,16 +159,28 @@ def _member(spec: dict, domain: str, teams: dict) -> dict:
     return {"user": user.pk, "active": active}
 
 
-def _revoke(user) -> bool:
-    """Deactivate, leave every organisation, delete tokens, end sessions. True if it changed."""
-    from organizations.models import OrganizationMember
-    from rest_framework.authtoken.models import Token
+def _blacklist_jwts(user) -> None:
     from rest_framework_simplejwt.token_blacklist.models import BlacklistedToken, OutstandingToken
 
-    changed = user.is_active or OrganizationMember.objects.filter(user=user).exists()
-    for outstanding in OutstandingToken.objects.filter(user=user):
+    for outstanding in OutstandingToken.objects.filter(user=user, blacklistedtoken__isnull=True):
         BlacklistedToken.objects.get_or_create(token=outstanding)
-    changed |= Token.objects.filter(user=user).delete()[0] > 0
+
+
+def _tokens_delete(user) -> bool:
+    """Every API token of the account (legacy tokens deleted, JWTs blacklisted). True if one
+    was deleted."""
+    from rest_framework.authtoken.models import Token
+
+    _blacklist_jwts(user)
+    return Token.objects.filter(user=user).delete()[0] > 0
+
+
+def _revoke(user, force: bool = False) -> bool:
+    """Deactivate, leave every organisation, delete tokens, end sessions. True if it changed."""
+    from organizations.models import OrganizationMember
+
+    changed = force or user.is_active or OrganizationMember.objects.filter(user=user).exists()
+    changed |= _tokens_delete(user)
     OrganizationMember.objects.filter(user=user).delete()
     if changed:
         user.is_active = False
@@ -163,6 +197,8 @@ def _end_sessions(spec: dict) -> bool:
     user = User.objects.filter(email=spec["email"]).first()
     if user is None:
         return False
+    # Its API tokens too: a token made from a session (LS's account page) outlives it.
+    _tokens_delete(user)
     if spec.get("password"):
         user.set_password(spec["password"])  # the same password, a new salt: a new hash
     else:
@@ -173,7 +209,8 @@ def _end_sessions(spec: dict) -> bool:
 
 def _converge(spec: dict, domain: str, teams: dict) -> dict:
     from django.db import transaction
-    from organizations.models import OrganizationMember
+    from django.db.models import Exists, OuterRef
+    from organizations.models import Organization, OrganizationMember
     from users.models import User
 
     service = {_service_email(t, domain) for t in teams}
@@ -211,11 +248,21 @@ def _converge(spec: dict, domain: str, teams: dict) -> dict:
             strangers = OrganizationMember.objects.filter(organization=org).exclude(
                 user__email__in=allowed[team_id] | {_service_email(team_id, domain)}
             )
-            for member in strangers.select_related("user"):
-                result["removed"].append({"team": team_id, "email": member.user.email})
-                org.remove_user(member.user)
-            # An invite link that leaked is worth nothing after this.
+            for stranger in strangers.select_related("user"):
+                result["removed"].append({"team": team_id, "email": stranger.user.email})
+                org.remove_user(stranger.user)
+        # An invite link that leaked is worth nothing after this: the teams' organisations'
+        # and every other one's (the first, Label Studio's own, lets whoever holds its link
+        # sign up an account that no team lists).
+        for org in Organization.objects.all():
             org.reset_token()
+        # An active organisation that is no active membership (written before platform_ls's
+        # guard): saved again, the guard (platform_ls.guards) moves it to a membership's.
+        member = OrganizationMember.objects.filter(
+            user=OuterRef("pk"), organization=OuterRef("active_organization"), deleted_at=None
+        )
+        for user in User.objects.exclude(active_organization=None).exclude(Exists(member)):
+            user.save(update_fields=["active_organization"])
     return result
 
 

@@ -26,7 +26,11 @@ USE_DEFAULT_BANNED_SUBNETS = True
 # Files on Label Studio's host are not served to its accounts.
 LOCAL_FILES_SERVING_ENABLED = False
 
-# The platform's webhook receiver: http(s)://<one of these hosts>[:port]/hooks/label-studio/<id>/
+# The platform's webhook receiver: http(s)://<one of these hosts>:<one of these ports>
+# /hooks/label-studio/<id>/ ("*" for any port: a test run's receivers).
+PLATFORM_WEBHOOK_PORTS = [
+    p.strip() for p in os.environ.get("PLATFORM_WEBHOOK_PORTS", "8000").split(",") if p.strip()
+]
 PLATFORM_WEBHOOK_HOSTS = [
     h.strip()
     for h in os.environ.get("PLATFORM_WEBHOOK_HOSTS", "127.0.0.1,localhost").split(",")
