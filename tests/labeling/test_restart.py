@@ -35,10 +35,11 @@ def own_label_studio(tmp_path, settings):
     password = ls.admin_password(data_dir)
     url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "server.log", "ab")
-    server = {"proc": ls.start(port, data_dir, password, log)}
+    # The suite's live server listens on a port chosen as it runs: any port may be the platform's.
+    server = {"proc": ls.start(port, data_dir, password, log, webhook_ports="*")}
 
     def restart():
-        server["proc"] = ls.start(port, data_dir, password, log)
+        server["proc"] = ls.start(port, data_dir, password, log, webhook_ports="*")
         ls.wait_until_up(url, server["proc"])
 
     try:
