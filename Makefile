@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CATALOGS := $(wildcard locale/*/LC_MESSAGES/django.po)
 COMPILED := $(CATALOGS:.po=.mo)
 
-# The runtime venv: the job runner (python -m training.run) with Paddle and torch. Its own
+# The runtime venv: the job runner (python -m runtime.run) with Paddle and torch. Its own
 # because PaddleNLP needs numpy 1.x and the console's Label Studio SDK numpy 2.
 RT_VENV := .venv-runtime
 RT_PY := $(RT_VENV)/bin/python
@@ -36,16 +36,17 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 locale/%/LC_MESSAGES/django.mo: locale/%/LC_MESSAGES/django.po $(VENV)/.installed
 	$(VENV)/bin/pybabel compile -i $< -o $@
 
-$(RT_VENV)/.installed: platform/requirements/runtime.txt pyproject.toml
+$(RT_VENV)/.installed: platform/requirements/runtime.txt platform/runtime-dist/pyproject.toml
 	test -x $(RT_PY) || $(PYTHON) -m venv $(RT_VENV)
 	$(RT_PY) -m pip install --quiet --upgrade pip
 	$(RT_PY) -m pip install --quiet -r platform/requirements/runtime.txt pytest
-	# The project itself without its web dependencies: the backends' entry points.
-	$(RT_PY) -m pip install --quiet --no-deps -e .
+	# runtime/ and serving/ only, with the backends' entry points: no Django, no app.
+	$(RT_PY) -m pip uninstall --quiet --yes model-platform 2>/dev/null || true
+	$(RT_PY) -m pip install --quiet --no-deps -e platform/runtime-dist
 	touch $@
 
 runtime: $(RT_VENV)/.installed
-	@# As root, runners and predictors run as PLATFORM_RUNNER_USER (training/sandbox.py): it must
+	@# As root, runners and predictors run as PLATFORM_RUNNER_USER (runtime/sandbox.py): it must
 	@# reach the runtime's interpreter (a pyenv one under /root, say): o+x, passing, not listing.
 	@if [ "$$(id -u)" = 0 ]; then d=$$(dirname "$$(readlink -f $(RT_PY))"); \
 	  while [ "$$d" != / ]; do [ -n "$$(find "$$d" -maxdepth 0 -perm -o+x)" ] || \

@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T]
 
-(a) bare: ``training.generation.Generator`` in a process of its own (the runtime venv) on one
+(a) bare: ``runtime.generation.Generator`` in a process of its own (the runtime venv) on one
     batch of the 8 prompts, one math thread as the host's generation process has: the limit;
-(b) endpoint: the serving host (``python -m deployment.server``) with one revision of one
+(b) endpoint: the serving host (``python -m serving``) with one revision of one
     generation process (max_batch_size 8, max_wait_ms 20), called over HTTP by 8 concurrent
     clients, each streaming one chat completion (``"stream": true``) of the same prompts.
 
@@ -54,7 +54,7 @@ QUESTIONS = [
 BARE = r"""
 import json, sys, time
 from pathlib import Path
-from training.generation import Generator, GenerationRequest
+from runtime.generation import Generator, GenerationRequest
 g = Generator(Path(sys.argv[1]))
 questions = json.loads(sys.argv[3])
 def batch():
@@ -74,8 +74,8 @@ for _ in sys.stdin:
 def train(workdir: Path) -> Path:
     """The LLaMA architecture at ARCH's size, fine-tuned (LoRA) for one epoch on sums."""
     sys.path.insert(0, str(ROOT))
-    from training.presets import recommended
-    from training.spec import JobSpec
+    from runtime.presets import recommended
+    from runtime.spec import JobSpec
 
     data = workdir / "data"
     data.mkdir(parents=True)
@@ -104,7 +104,7 @@ def train(workdir: Path) -> Path:
         hyperparameters=hp,
     ).save(workdir)
     proc = subprocess.run(
-        [runtime_python(), "-m", "training.run", str(workdir)],
+        [runtime_python(), "-m", "runtime.run", str(workdir)],
         cwd=ROOT,
         env=runtime_env(),
         capture_output=True,

@@ -7,7 +7,7 @@ The console runs as `make run` runs it: gunicorn with platform/Procfile's web li
 database created on the PostgreSQL server of DATABASE_URL (dropped at the end). Redis is always
 a throwaway one (platform/embedded_redis.py): the jobs the users submit stay queued, with no
 train worker, and no worker of another Redis ever sees them. The inference side is a real
-serving host (``python -m deployment.server`` in the runtime venv) with one revision of
+serving host (``python -m serving`` in the runtime venv) with one revision of
 ``ernie-micro-char`` trained by the job runner (benchmarks/serving.py's helpers: one replica,
 max_batch_size 32, max_wait_ms 2).
 
@@ -22,7 +22,7 @@ max_batch_size 32, max_wait_ms 2).
 Both run together for ``--seconds`` (20) after ``--warmup`` (3). Before them, in the same run,
 the baselines, each alone for ``--baseline-seconds``: the console's login page under the same
 users (the framework's cost a request: middleware and a template, no database), and the bare
-predictor (``training.inference.Predictor`` in a process of its own, batches of 32). The
+predictor (``runtime.inference.Predictor`` in a process of its own, batches of 32). The
 ratios say what share of those the pages and the endpoint keep under the mixed load; on a
 machine of 2 cores the two sides, the clients and the predictor share the CPUs.
 

@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/serving.py   # [--seconds S] [--rounds N] [--max-wait-ms M]
 
-(a) bare: ``training.inference.Predictor`` in a process of its own (the runtime venv, where
+(a) bare: ``runtime.inference.Predictor`` in a process of its own (the runtime venv, where
     Paddle is) predicting the texts at batch sizes 1…64, one batch after another; the best
     batch size's samples/s is the limit.
-(b) endpoint: the serving host (``python -m deployment.server``) with one revision of ONE
+(b) endpoint: the serving host (``python -m serving``) with one revision of ONE
     replica, max_batch_size 32 and max_wait_ms 2, called over HTTP by 32 concurrent clients,
     each sending one text per request (``{"inputs": [text]}``) on a keep-alive connection and
     the next as soon as it is answered.
@@ -16,7 +16,7 @@ One replica is one predictor process with one math thread, and the bare predicto
 one thread too (``Predictor.load`` sets it on a CPU), so (a), (b) and (c) have the same
 compute; what (b) adds is HTTP, JSON, the batcher and the pipe to the predictor process, and
 they share the machine's other cores with the clients. The model is ``ernie-micro-char``
-trained for text classification by the real job runner (``python -m training.run``, as
+trained for text classification by the real job runner (``python -m runtime.run``, as
 tests/deployment/conftest.py trains one) on reviews of 20–60 characters, max_seq_length 128
 (batches are padded to their longest text, so to about 60).
 
@@ -75,7 +75,7 @@ ENDPOINT = "bench"
 # samples/s of predicting the texts in batches of that size, one after another, for that long.
 BARE = r"""
 import json, sys, time
-from training.inference import Predictor
+from runtime.inference import Predictor
 
 predictor = Predictor.load(sys.argv[1])
 texts = json.loads(open(sys.argv[2], encoding="utf-8").read())
@@ -112,7 +112,7 @@ def runtime_env(**extra: str) -> dict:
 def train_export(workdir: Path, rows: list[dict], epochs: int) -> Path:
     """Train the preset on ``rows`` with the job runner, as tests/deployment/conftest.py's
     train_export does; the export directory."""
-    from training.spec import Hyperparameters, JobSpec
+    from runtime.spec import Hyperparameters, JobSpec
 
     data = workdir / "data"
     data.mkdir(parents=True)
@@ -133,7 +133,7 @@ def train_export(workdir: Path, rows: list[dict], epochs: int) -> Path:
         ),
     ).save(workdir)
     proc = subprocess.run(
-        [runtime_python(), "-m", "training.run", str(workdir)],
+        [runtime_python(), "-m", "runtime.run", str(workdir)],
         cwd=ROOT,
         env=runtime_env(),
         capture_output=True,
@@ -205,7 +205,7 @@ class Host:
         self.secret = secrets.token_urlsafe(24)
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [runtime_python(), "-m", "deployment.server", "--port", str(self.port)],
+                [runtime_python(), "-m", "serving", "--port", str(self.port)],
                 cwd=ROOT,
                 env=runtime_env(SERVING_SECRET=self.secret),
                 stdout=out,
@@ -383,7 +383,7 @@ def predictor_pid(host: Host) -> int | None:
         return None
     for pid in kids:
         try:
-            if b"deployment.server.replica" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"serving.replica" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return int(pid)
         except OSError:
             pass

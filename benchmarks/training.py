@@ -43,9 +43,9 @@ sys.path.insert(0, sys.argv[1])
 import paddle
 import paddle.nn.functional as F
 from paddlenlp.transformers import ErnieConfig, ErnieForSequenceClassification
-from training import data
-from training.presets import PRESETS
-from training.tokenizer import CharTokenizer
+from runtime import data
+from runtime.presets import PRESETS
+from runtime.tokenizer import CharTokenizer
 
 cfg = json.loads(sys.argv[3])
 hp = cfg["hp"]
@@ -306,7 +306,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp_name:
         tmp = Path(tmp_name)
         setup_django(tmp)
-        from training.data import steps_per_epoch
+        from runtime.data import steps_per_epoch
 
         user, team, version = import_version(make_rows(args.rows))
         train_file = tmp / "train.jsonl"

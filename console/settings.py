@@ -283,7 +283,7 @@ NODE_STALE_S = float(os.environ.get("PLATFORM_NODE_STALE_S", "60"))
 TRAINING_PYTHON = os.environ.get("TRAINING_PYTHON") or str(BASE_DIR / ".venv-runtime/bin/python")
 # Where the platform runs as root, job runners (and the serving host's predictors, which read
 # the same variable) run as this unprivileged user; empty: model-platform-runner if the machine
-# has it, else nobody (training/sandbox.py). Not root: they run as the platform's own user.
+# has it, else nobody (runtime/sandbox.py). Not root: they run as the platform's own user.
 PLATFORM_RUNNER_USER = os.environ.get("PLATFORM_RUNNER_USER", "")
 # Each job attempt (and each revision on the serving host, which reads the same variable) runs
 # as a uid of its own from this base on (16.8M uids, no passwd entry needed), in
@@ -317,7 +317,7 @@ ARCHIVE_MAX_COMPRESSION_RATIO = int(os.environ.get("PLATFORM_ARCHIVE_MAX_COMPRES
 
 # -- Deployment ------------------------------------------------------------------------------
 
-# The serving hosts (python -m deployment.server, one per node) the reconciler keeps in step
+# The serving hosts (python -m serving, one per node) the reconciler keeps in step
 # with the endpoints in the database, and the secret of their management API. `make run`
 # starts one on SERVING_PORT and generates the secret once (var/serving_secret).
 SERVING_PORT = int(os.environ.get("SERVING_PORT", "8300"))

@@ -30,7 +30,7 @@ from deployment.serializers import (
     WeightSerializer,
 )
 from labeling.selectors import labeling_project_get
-from training.data import OBJECTIVES
+from runtime.data import OBJECTIVES
 from training.selectors import model_version_get
 
 

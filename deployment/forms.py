@@ -3,7 +3,7 @@ from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
 from console.services import KEY_MAX_DAYS
-from deployment.server.engines import BUILTIN, ENGINES
+from serving.engines import BUILTIN, ENGINES
 from training.models import ModelVersion
 
 

@@ -1,4 +1,4 @@
-"""The platform's client of a serving host's APIs (``deployment/server/app.py``): the
+"""The platform's client of a serving host's APIs (``serving/app.py``): the
 management API with the shared secret, the inference API with the platform's own key of each
 endpoint (the secret is no key of the inference API)."""
 

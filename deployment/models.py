@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from console.models import HashedKey, Team
-from training.data import OBJECTIVES
+from runtime.data import OBJECTIVES
 from training.models import ModelVersion
 
 
@@ -186,7 +186,7 @@ class MetricSample(models.Model):
     # Generative endpoints: tokens read and written, and the time to the first token.
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
-    latency = models.JSONField(default=list)  # counts per bucket of deployment.server.metrics
+    latency = models.JSONField(default=list)  # counts per bucket of serving.metrics
     ttft = models.JSONField(default=list)
 
     class Meta:

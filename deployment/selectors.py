@@ -16,7 +16,7 @@ from deployment.models import (
     Revision,
     ServingHost,
 )
-from deployment.server.metrics import BUCKETS_MS, COUNTERS, percentile
+from serving.metrics import BUCKETS_MS, COUNTERS, percentile
 
 
 def team_endpoints(team: Team) -> QuerySet[Endpoint]:

@@ -35,13 +35,13 @@ from deployment.models import (
     Revision,
     ServingHost,
 )
-from deployment.server.engines import BUILTIN, ENGINES
-from deployment.server.metrics import COUNTERS
+from serving.engines import BUILTIN, ENGINES
+from serving.metrics import COUNTERS
 from labeling import selectors as labeling_selectors
 from labeling.models import LabelingProject
 from labeling.services import labeling_project_preannotate
 from training import storage
-from training.data import OBJECTIVES
+from runtime.data import OBJECTIVES
 from training.models import ModelVersion
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from console.roles import Perm, role_allows
 from deployment import selectors, services
 from deployment.forms import CanaryForm, DeployForm, KeyForm, PreannotateForm
 from labeling.selectors import labeling_project_get
-from training.data import OBJECTIVES
+from runtime.data import OBJECTIVES
 
 
 def _error_text(exc: ValidationError) -> str:

@@ -178,7 +178,7 @@ def test_systemd_unit_runs_the_procfile_command(name):
 
 # The processes that start sandboxed children (runners, predictors) as PLATFORM_RUNNER_USER.
 SWITCHES_USER = {"train", "serve"}
-# All that they may keep of root's capabilities (training/sandbox.py says why).
+# All that they may keep of root's capabilities (runtime/sandbox.py says why).
 SWITCH_CAPABILITIES = {"SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "DAC_READ_SEARCH"}
 SWITCH_CAPABILITIES |= {"KILL"}
 

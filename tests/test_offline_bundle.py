@@ -116,7 +116,7 @@ def test_install_without_network(archive, tmp_path):
     assert django_admin.stdout.startswith("5.2."), django_admin.stderr
     # The project: installed (its entry points), and imported from the prefix's source tree.
     probe = (
-        "import importlib.metadata as m, training.presets as p;"
+        "import importlib.metadata as m, runtime.presets as p;"
         "print(p.__file__);"
         "print(m.version('model-platform'));"
         "print(sorted(e.name for e in m.entry_points(group='model_platform.backends')));"
@@ -129,7 +129,7 @@ def test_install_without_network(archive, tmp_path):
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert out[0] == str(prefix / "training/presets.py")
+    assert out[0] == str(prefix / "runtime/presets.py")
     assert out[1:] == [VERSION, "['paddle', 'torch']", "ernie-micro-char"]
     assert (prefix / "locale/zh_Hans/LC_MESSAGES/django.mo").is_file()
     assert (prefix / "var/static/staticfiles.json").is_file()

@@ -16,7 +16,7 @@ from console.permissions import TeamPermission
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from training import selectors, services
-from training.presets import LLM_PRESETS, PRESETS
+from runtime.presets import LLM_PRESETS, PRESETS
 from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
-from training.presets import LLM_PRESETS, PRESETS
+from runtime.presets import LLM_PRESETS, PRESETS
 
 
 class BaseModelSerializer(serializers.ModelSerializer):

@@ -44,16 +44,17 @@ from console.services import (
     devices_release_all_but,
 )
 from labeling.models import DatasetVersion
-from training import sandbox, storage, weights
-from training.backends import available as available_backends
-from training.data import HEADS, OBJECTIVES
-from training.estimate import causal_lm_summary
-from training.inference import MANIFEST, PATH_FIELDS, read_manifest, write_manifest
+from runtime import sandbox, weights
+from training import storage
+from runtime.backends import available as available_backends
+from runtime.data import HEADS, OBJECTIVES
+from runtime.estimate import causal_lm_summary
+from runtime.inference import MANIFEST, PATH_FIELDS, read_manifest, write_manifest
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
-from training.presets import LLM_PRESETS, PRESETS, default_preset, presets_for, recommended
-from training.run import EVENT_PREFIX
-from training.spec import Hyperparameters, JobSpec
-from training.tokenizer import CharTokenizer
+from runtime.presets import LLM_PRESETS, PRESETS, default_preset, presets_for, recommended
+from runtime.run import EVENT_PREFIX
+from runtime.spec import Hyperparameters, JobSpec
+from runtime.tokenizer import CharTokenizer
 
 # -- Base models -----------------------------------------------------------------------------
 
@@ -241,7 +242,7 @@ def _inspect_causal_lm(directory: Path, backend: str, config: dict) -> dict:
                 "chat_template in tokenizer_config.json); none is assumed."
             )
         )
-    from training.chat import ChatTemplateError, check_template
+    from runtime.chat import ChatTemplateError, check_template
 
     try:
         check_template(directory)  # a template that loops for ever is refused here
@@ -260,7 +261,7 @@ def _dir_size(directory: Path) -> int:
 
 def weights_to_safetensors(directory: Path) -> dict[str, str]:
     """Pickled weights under ``directory`` replaced by safetensors, read by a restricted
-    unpickler that runs nothing (training/weights.py); other pickles (optimizer states,
+    unpickler that runs nothing (runtime/weights.py); other pickles (optimizer states,
     Trainer arguments) are left out. Returns {pickle: its safetensors, or "" if left out}."""
     try:
         return weights.convert_dir(directory, settings.ARCHIVE_MAX_UNCOMPRESSED_BYTES)
@@ -557,15 +558,15 @@ def token_report(
     runner will count it (the base model's tokenizer and chat template, or the preset's
     characters and ChatML): how many there are per split, and the rows over ``limit`` (by
     their number in the version), which the job leaves out."""
-    from training.chat import TOKENIZER_FILES, ChatTokenizer, build_char_tokenizer, encode_row
-    from training.data import is_labeled
+    from runtime.chat import TOKENIZER_FILES, ChatTokenizer, build_char_tokenizer, encode_row
+    from runtime.data import is_labeled
 
     with default_storage.open(version.data_file, "rb") as f:
         rows = [(n, json.loads(line)) for n, line in enumerate(f, start=1)]
     rows = [(n, r) for n, r in rows if is_labeled(task_kind, r)]
     with tempfile.TemporaryDirectory(prefix="tokenizer-") as tmp:
         if model is None:
-            from training.llm import texts_of
+            from runtime.llm import texts_of
 
             tok = build_char_tokenizer((t for _n, r in rows for t in texts_of(r)), Path(tmp))
         else:
@@ -1122,11 +1123,11 @@ def runner_command(job: TrainingJob, workdir: Path, part: int = 0) -> list[str]:
     job that spans nodes runs a launcher on each (``part`` of ``job.placement``), meeting at
     ``job.rendezvous``. The first process's output comes on our pipe, the others' go to
     ``log/``."""
-    script = [str(Path(settings.BASE_DIR) / "training" / "run.py"), str(workdir)]
+    script = [str(Path(settings.BASE_DIR) / "runtime" / "run.py"), str(workdir)]
     nodes = max(len(job.placement), 1)
     n = job.device_count // nodes  # processes on this node
     if job.device_count == 1:
-        return [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)]
+        return [settings.TRAINING_PYTHON, "-m", "runtime.run", str(workdir)]
     if job.backend == "torch":
         launch = [settings.TRAINING_PYTHON, "-m", "torch.distributed.run"]
         if nodes > 1:
@@ -1156,7 +1157,7 @@ def runner_command(job: TrainingJob, workdir: Path, part: int = 0) -> list[str]:
 
 
 def runner_env(job: TrainingJob, part: int = 0, workdir: Path | None = None) -> dict[str, str]:
-    """The runner's environment: the sandbox's allowlist (training/sandbox.py: no secret,
+    """The runner's environment: the sandbox's allowlist (runtime/sandbox.py: no secret,
     database, broker or storage setting of the platform's), its code on PYTHONPATH, its home
     and temporary files in the work directory, and the device's visibility."""
     home = workdir / "home" if workdir is not None else None
@@ -1204,7 +1205,7 @@ def runner_popen_args(job: TrainingJob, workdir: Path, part: int = 0) -> dict[st
     (workdir / "home").mkdir(parents=True, exist_ok=True)
     if user.switch:
         sandbox.check_reachable(user, Path(settings.TRAINING_PYTHON), "the runtime's Python")
-        sandbox.check_reachable(user, Path(settings.BASE_DIR) / "training" / "run.py", "the code")
+        sandbox.check_reachable(user, Path(settings.BASE_DIR) / "runtime" / "run.py", "the code")
         keep = [Path(settings.TRAINING_WORK_DIR)]
         sandbox.secure_data_dir(user, Path(settings.DATA_DIR), keep)
         sandbox.make_passage(Path(settings.TRAINING_WORK_DIR), workdir.parent)

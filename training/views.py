@@ -16,11 +16,11 @@ from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 from training import api, selectors, services
-from training.data import OBJECTIVES
-from training.estimate import estimates
+from runtime.data import OBJECTIVES
+from runtime.estimate import estimates
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
 from training.models import TrainingJob
-from training.presets import LLM_PRESETS, PRESETS
+from runtime.presets import LLM_PRESETS, PRESETS
 
 
 def _error_text(exc: ValidationError | PermissionDenied) -> str:

@@ -133,7 +133,9 @@ def source_files() -> list[str]:
     return sorted(
         name
         for name in set(out.split("\0"))
-        if name and not name.startswith(EXCLUDED_DIRS) and (REPO / name).is_file()
+        if name
+        and not name.startswith(EXCLUDED_DIRS)
+        and ((REPO / name).is_file() or (REPO / name).is_symlink())
     )
 
 
@@ -153,8 +155,8 @@ def label_studio_requirement() -> str:
 
 
 def read_presets() -> dict:
-    """The training presets, read from training/presets.py without importing it."""
-    tree = ast.parse((REPO / "training/presets.py").read_text())
+    """The training presets, read from runtime/presets.py without importing it."""
+    tree = ast.parse((REPO / "runtime/presets.py").read_text())
     values: dict[str, object] = {}
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else None
@@ -170,7 +172,7 @@ def read_presets() -> dict:
         for name, config in dict(values.get(group) or {}).items():
             presets[name] = {"kind": kind, "config": config}
     return {
-        "source": "training/presets.py",
+        "source": "runtime/presets.py",
         "note": "built from a config at training time; no weight files",
         "default": values.get("DEFAULT_PRESET"),
         "default_llm": values.get("DEFAULT_LLM_PRESET"),
@@ -206,7 +208,8 @@ class Builder:
         for name in files:
             dest = self.root / name
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest)
+            # Links stay links (platform/runtime-dist links runtime/ and serving/).
+            shutil.copy2(REPO / name, dest, follow_symlinks=False)
         # The bundle's entry point, beside MANIFEST.json.
         launcher = self.root / "install.sh"
         launcher.write_text(

@@ -166,8 +166,9 @@ if [[ "$venvs" == *" runtime "* ]]; then
   make_venv "$root/.venv-runtime"
   pip_install "$root/.venv-runtime" --find-links "$wheelhouse/runtime" \
     -r "$wheelhouse/runtime/requirements.txt"
-  # The project without its web dependencies: the backends' entry points (as make runtime).
-  pip_install "$root/.venv-runtime" --find-links "$wheelhouse/platform" --no-deps -e "$root"
+  # runtime/ and serving/ only, with the backends' entry points (as make runtime): no Django.
+  pip_install "$root/.venv-runtime" --find-links "$wheelhouse/platform" --no-deps \
+    -e "$root/platform/runtime-dist"
   touch "$root/.venv-runtime/.installed"
 fi
 

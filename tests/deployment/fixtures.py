@@ -28,7 +28,7 @@ def train_export(
 ) -> Path:
     """Train the default preset on keyword rows with the job runner; the export directory
     (Paddle Inference for the paddle backend, ONNX for torch)."""
-    from training.spec import Hyperparameters, JobSpec
+    from runtime.spec import Hyperparameters, JobSpec
 
     rows, _mapping = rows_for(kind, 80, seed=seed)
     data = workdir / "data"
@@ -54,8 +54,8 @@ def train_export(
 def train_llm_export(kind: str, workdir: Path, backend: str = "paddle") -> Path:
     """The tiny LLaMA preset fine-tuned with LoRA by the job runner on the sums in words of
     ``rows_for`` (instruction: SFT; preference: DPO); its merged export."""
-    from training.presets import recommended
-    from training.spec import JobSpec
+    from runtime.presets import recommended
+    from runtime.spec import JobSpec
 
     rows, _mapping = rows_for(kind, 81)
     data = workdir / "data"
@@ -84,7 +84,7 @@ def _run_runner(workdir: Path, backend: str) -> None:
     for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL"):
         env.pop(var, None)
     proc = subprocess.run(
-        [settings.TRAINING_PYTHON, "-m", "training.run", str(workdir)],
+        [settings.TRAINING_PYTHON, "-m", "runtime.run", str(workdir)],
         env=env,
         capture_output=True,
         text=True,
@@ -112,7 +112,7 @@ def bare_generate(export: Path, conversations: list[list[dict]], **params) -> li
     code = (
         "import json,sys\n"
         "from pathlib import Path\n"
-        "from training.generation import Generator, GenerationRequest\n"
+        "from runtime.generation import Generator, GenerationRequest\n"
         "g = Generator(Path(sys.argv[1]))\n"
         "args = json.loads(sys.stdin.read())\n"
         "reqs = [GenerationRequest(g.chat_prompt(c), **args['params']) for c in args['convs']]\n"
@@ -148,7 +148,7 @@ def bare_predict(export: Path, items: list) -> list[dict]:
     """The in-process predictor's answers (in the runtime venv, where Paddle is)."""
     code = (
         "import json,sys\n"
-        "from training.inference import Predictor\n"
+        "from runtime.inference import Predictor\n"
         "p = Predictor.load(sys.argv[1])\n"
         "print(json.dumps(p.predict(json.loads(sys.stdin.read())), ensure_ascii=False))\n"
     )
@@ -171,7 +171,7 @@ def model_version(team, owner, exports, llm_exports, tmp_path):
     import shutil
 
     from training import storage
-    from training.inference import read_manifest
+    from runtime.inference import read_manifest
     from training.models import ModelVersion
 
     def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews"):
@@ -202,7 +202,7 @@ def model_version(team, owner, exports, llm_exports, tmp_path):
 
 
 class ServingHostProcess:
-    """``python -m deployment.server`` on the suite's SERVING_PORT, in the runtime venv."""
+    """``python -m serving`` on the suite's SERVING_PORT, in the runtime venv."""
 
     def __init__(self) -> None:
         self.port = settings.SERVING_PORT
@@ -235,7 +235,7 @@ class ServingHostProcess:
             ),
         }
         self.proc = subprocess.Popen(
-            [settings.TRAINING_PYTHON, "-m", "deployment.server", "--port", str(self.port)],
+            [settings.TRAINING_PYTHON, "-m", "serving", "--port", str(self.port)],
             cwd=ROOT,
             env=env,
         )

@@ -198,7 +198,7 @@ def test_a_predictor_process_that_dies_is_replaced(fresh_host, exports):
     [predictor] = [
         p
         for p in psutil.Process(fresh_host.proc.pid).children()
-        if "deployment.server.replica" in p.cmdline()
+        if "serving.replica" in p.cmdline()
     ]
     os.kill(predictor.pid, signal.SIGKILL)
     # The call that finds the process dead fails (503, with the reason); the next ones wait
@@ -253,7 +253,7 @@ def test_a_predictor_killed_under_load_fails_only_the_requests_in_flight(fresh_h
     predictors = [
         p
         for p in psutil.Process(fresh_host.proc.pid).children()
-        if "deployment.server.replica" in p.cmdline()
+        if "serving.replica" in p.cmdline()
     ]
     assert len(predictors) == 2
     killed_at = time.monotonic()

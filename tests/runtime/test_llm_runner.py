@@ -1,4 +1,4 @@
-"""The causal-LM loop through the job runner (``python -m training.run``) in the runtime venv:
+"""The causal-LM loop through the job runner (``python -m runtime.run``) in the runtime venv:
 full fine-tuning with packing, recomputation and gradient accumulation on each backend, and a
 runner killed mid-job that resumes from its checkpoint to the same number of steps."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training.spec import Hyperparameters, JobSpec
+from runtime.spec import Hyperparameters, JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -62,7 +62,7 @@ def workdir(tmp: Path, backend: str, **hp) -> Path:
 def runner(directory: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "training.run", str(directory)],
+        [sys.executable, "-m", "runtime.run", str(directory)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -132,7 +132,7 @@ def test_a_killed_runner_resumes_from_its_checkpoint(tmp_path):
 
 
 def test_rows_rated_below_min_rating_do_not_train(tmp_path):
-    from training.llm import load_rows
+    from runtime.llm import load_rows
 
     rows = sums(4)
     rows[0]["rating"], rows[1]["rating"], rows[2]["rating"] = 1, 4, 5  # rows[3]: unrated

@@ -1,4 +1,4 @@
-"""training.metrics against hand-computed values (no Django, no database)."""
+"""runtime.metrics against hand-computed values (no Django, no database)."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("numpy")
 pytest.importorskip("seqeval")
 
-from training.metrics import evaluate
+from runtime.metrics import evaluate
 
 CLASSIFICATION_KEYS = {
     "accuracy",

@@ -14,14 +14,14 @@ pytest.importorskip("onnxruntime")
 
 import onnxruntime as ort
 
-import training.run as runner
-from training import data
-from training.backends import get_backend
-from training.backends.torch import TorchBackend, TorchOps, check_checkpoint
-from training.inference import Predictor, read_manifest
-from training.loop import BEST, predict_rows
-from training.spec import Hyperparameters, JobSpec
-from training.tokenizer import CharTokenizer
+import runtime.run as runner
+from runtime import data
+from runtime.backends import get_backend
+from runtime.backends.torch import TorchBackend, TorchOps, check_checkpoint
+from runtime.inference import Predictor, read_manifest
+from runtime.loop import BEST, predict_rows
+from runtime.spec import Hyperparameters, JobSpec
+from runtime.tokenizer import CharTokenizer
 
 FILLER = "今天我们的这个那些很都也在说看到了一下还是"
 TOPICS = {

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training import weights
+from runtime import weights
 
 
 def _state() -> dict:

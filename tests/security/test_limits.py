@@ -403,7 +403,7 @@ def test_a_job_past_its_maximum_run_time_is_stopped_and_failed(make_user, make_t
     assert "0.003" in job.error and "TRAINING_MAX_HOURS" in job.error, job.error
     assert (job.finished_at - job.started_at).total_seconds() < 60
     runner = subprocess.run(
-        ["pgrep", "-f", f"training.run {training_services.job_workdir(job)}$"],
+        ["pgrep", "-f", f"runtime.run {training_services.job_workdir(job)}$"],
         capture_output=True,
     )
     assert runner.returncode == 1, "the runner still runs"

@@ -18,8 +18,9 @@ from tests.conftest import make_jsonl_version
 from tests.deployment.test_server import KEY, load, route
 from tests.training.conftest import rows_for, wait_for
 from tests.training.test_llm import llm_dirs  # noqa: F401 (a fixture)
-from training import sandbox, services
-from training.chat import ChatTemplateError, ChatTokenizer
+from runtime import sandbox
+from training import services
+from runtime.chat import ChatTemplateError, ChatTokenizer
 
 ROOT = os.geteuid() == 0
 # What the platform's processes hold that no sandboxed process may: names and values.
@@ -110,7 +111,7 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
     )
     job = wait_for(job, until=lambda j: j.step > 0 or j.status == "failed")
     assert job.status == "running", job.error
-    [runner] = children_running(job.pid, "training.run")
+    [runner] = children_running(job.pid, "runtime.run")
     try:
         env = environ_of(runner.pid)
         secrets = {**secrets_of_this_process(), **_worker_secrets(job.pid)}
@@ -228,7 +229,7 @@ def test_jobs_run_as_uids_of_their_own_and_leave_no_process_behind(team, owner):
             assert psutil.pid_exists(seen["left"])
         services.training_job_cancel(actor=owner, job=a)
         assert wait_for(a, timeout=60).status == "cancelled"
-        [runner] = children_running(b.pid, "training.run")
+        [runner] = children_running(b.pid, "runtime.run")
         runner.kill()
         assert wait_for(b, timeout=60).status == "failed"
         for seen in (seen_a, seen_b):
@@ -354,7 +355,7 @@ def test_a_predictor_process_holds_no_secret_and_runs_unprivileged(fresh_host, e
     load(fresh_host, "rev-sandbox", exports("text_classification"))
     route(fresh_host, "reviews", {"rev-sandbox": 100})
     assert fresh_host.predict("reviews", {"inputs": ["好"]}, KEY).status_code == 200
-    [predictor] = children_running(fresh_host.proc.pid, "deployment.server.replica")
+    [predictor] = children_running(fresh_host.proc.pid, "serving.replica")
     host_env = environ_of(fresh_host.proc.pid)
     secrets = {n: host_env[n] for n in SECRET_NAMES if host_env.get(n)}
     assert "SERVING_SECRET" in secrets

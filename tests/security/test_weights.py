@@ -259,7 +259,7 @@ ASKS_TOO_MUCH = {
 def test_a_checkpoint_asking_for_more_than_it_holds_is_refused(client, team, ernie, attack):
     """A few bytes of pytorch_model.bin that would make the import allocate (or write)
     gigabytes, or tamper with the unpickler's own functions: 400 naming what was wrong."""
-    from training import weights as converter
+    from runtime import weights as converter
 
     crafted, message = ASKS_TOO_MUCH[attack]
     config = json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2})
@@ -478,7 +478,7 @@ def test_the_runner_never_unpickles_a_stored_pickle(
 
 GENERATE = """
 import sys, pathlib
-from training.generation import PaddleLM
+from runtime.generation import PaddleLM
 try:
     PaddleLM.load(pathlib.Path(sys.argv[1]), "cpu")
 except Exception as exc:
@@ -519,7 +519,7 @@ def test_the_generation_engine_never_unpickles_paddle_weights(tmp_path, marker):
 MAKE_HF_BIN = """
 import pathlib, sys
 from transformers import BertConfig, BertModel
-from training.tokenizer import CharTokenizer
+from runtime.tokenizer import CharTokenizer
 d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True)
 tok = CharTokenizer.build([sys.argv[2]])
 tok.save(d / "vocab.txt")

@@ -109,7 +109,7 @@ def log_of(job) -> str:
 def stored_model(team, owner, tmp_path: Path, **fields):
     """A model version with real files in storage (a made-up export), as a job leaves one."""
     from training import storage
-    from training.inference import write_manifest
+    from runtime.inference import write_manifest
 
     export = tmp_path / "staged" / "export"
     export.mkdir(parents=True)

@@ -28,7 +28,7 @@ CHARS = FILLER + "".join(POS + NEG) + "北京上海广州深圳物流快01234567
 MAKE_PADDLE = """
 import json, pathlib, sys
 from paddlenlp.transformers import ErnieConfig, ErnieModel
-from training.tokenizer import CharTokenizer
+from runtime.tokenizer import CharTokenizer
 d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True)
 tok = CharTokenizer.build([sys.argv[2]])
 tok.save(d / "vocab.txt")
@@ -39,7 +39,7 @@ ErnieModel(ErnieConfig(vocab_size=len(tok.vocab), hidden_size=64, num_hidden_lay
 MAKE_HF = """
 import pathlib, sys
 from transformers import BertConfig, BertModel
-from training.tokenizer import CharTokenizer
+from runtime.tokenizer import CharTokenizer
 d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True)
 tok = CharTokenizer.build([sys.argv[2]])
 tok.save(d / "vocab.txt")

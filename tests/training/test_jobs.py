@@ -58,7 +58,7 @@ def test_each_task_kind_trains_with_each_backend(team, owner, make_dataset, kind
 
 def _runner_alive(job: TrainingJob) -> bool:
     found = subprocess.run(
-        ["pgrep", "-f", f"training.run {services.job_workdir(job)}$"], capture_output=True
+        ["pgrep", "-f", f"runtime.run {services.job_workdir(job)}$"], capture_output=True
     )
     return found.returncode == 0
 

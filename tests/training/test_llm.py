@@ -106,7 +106,7 @@ def test_submission_refuses_what_cannot_train(team, owner, make_dataset):
 # character tokenizer and chat template.
 MAKE_LLM = """
 import pathlib, sys
-from training.chat import build_char_tokenizer
+from runtime.chat import build_char_tokenizer
 d = pathlib.Path(sys.argv[1]); backend = sys.argv[2]
 chars = "0123456789加等于几？。我不知道userassistantsystem"
 tok = build_char_tokenizer([chars], d)
@@ -226,7 +226,7 @@ def test_a_job_fine_tunes_an_imported_causal_lm(team, owner, make_dataset, llm_d
 def test_the_memory_estimate_of_a_7b_model():
     """Qwen2-7B's config: the figures a team plans cards with."""
     from console.hardware import profile
-    from training.estimate import causal_lm_summary, fine_tune_memory
+    from runtime.estimate import causal_lm_summary, fine_tune_memory
 
     summary = causal_lm_summary(
         {

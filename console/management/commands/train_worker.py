@@ -30,7 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, loglevel: str, register_only: bool, **options) -> None:
         if os.geteuid() == 0:
-            # Root only to start runners as PLATFORM_RUNNER_USER (training/sandbox.py): what
+            # Root only to start runners as PLATFORM_RUNNER_USER (runtime/sandbox.py): what
             # it writes to the data directory stays the platform group's to change as well.
             os.umask(0o007)
         if settings.NODE_DEVICES:

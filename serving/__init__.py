@@ -1,4 +1,4 @@
-"""The serving host: ``python -m deployment.server``, one per node, in the runtime venv.
+"""The serving host: ``python -m serving``, one per node, in the runtime venv.
 
 A standalone ASGI process (Starlette on uvicorn) that needs no database. The platform's
 reconciler tells it, through the management API under ``/manage/`` (a shared secret), which

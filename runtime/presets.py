@@ -4,7 +4,7 @@ seconds; and the recommended hyperparameters for each task kind, for presets and
 imported base models (ERNIE 3.0 mini/medium/base, BERT or RoBERTa Chinese).
 """
 
-from training.spec import Hyperparameters
+from runtime.spec import Hyperparameters
 
 # name → the architecture's config (vocab_size comes from the data).
 PRESETS: dict[str, dict] = {
@@ -31,7 +31,7 @@ PRESETS: dict[str, dict] = {
 DEFAULT_PRESET = "ernie-micro-char"
 
 # Causal LMs for the generative kinds (instruction, preference): the LLaMA architecture, with a
-# character vocabulary and the ChatML template (training.chat), trained with LoRA or in full.
+# character vocabulary and the ChatML template (runtime.chat), trained with LoRA or in full.
 LLM_PRESETS: dict[str, dict] = {
     # 2 layers, hidden 64: seconds on a CPU. A wide initialisation (0.2, not 0.02) lets LoRA
     # on its random weights learn, which the test suite and first runs rely on.

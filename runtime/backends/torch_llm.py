@@ -1,6 +1,6 @@
 """Causal LMs on the torch backend: transformers' ``AutoModelForCausalLM`` (any Hugging Face
 causal LM imported from disk) or the LLaMA preset, LoRA from ``peft``, and the shared SFT/DPO
-loop of ``training.llm``. The export is the merged model in Hugging Face layout
+loop of ``runtime.llm``. The export is the merged model in Hugging Face layout
 (``model.safetensors`` + ``config.json``) with the tokenizer's files."""
 
 import resource
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from training.backends.torch import head_classes, load_torch_state, save_torch_state, torch_device
-from training.chat import IGNORE, ChatTokenizer
-from training.generation import position_ids
-from training.llm import lora_targets
-from training.presets import LLM_PRESETS
-from training.spec import JobSpec
-from training.weights import refuse_pickles
+from runtime.backends.torch import head_classes, load_torch_state, save_torch_state, torch_device
+from runtime.chat import IGNORE, ChatTokenizer
+from runtime.generation import position_ids
+from runtime.llm import lora_targets
+from runtime.presets import LLM_PRESETS
+from runtime.spec import JobSpec
+from runtime.weights import refuse_pickles
 
 TRAINED = "trained.safetensors"
 ADAPTER = "adapter"
@@ -151,7 +151,7 @@ class TorchLLMOps:
 
     def inference_lm(self):
         """The model in evaluation mode, as the generation engine runs it."""
-        from training.generation import TorchLM
+        from runtime.generation import TorchLM
 
         return TorchLM(self.model, self.device)
 

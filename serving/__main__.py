@@ -1,4 +1,4 @@
-"""``python -m deployment.server [--host H] [--port P] [--devices cpu]``: one serving host.
+"""``python -m serving [--host H] [--port P] [--devices cpu]``: one serving host.
 
 The shared secret of the management API comes from ``SERVING_SECRET`` (never a flag: flags
 show in the process list); the host refuses to start without one. ``SERVING_MAX_BODY_MB``
@@ -11,11 +11,11 @@ import sys
 
 import uvicorn
 
-from deployment.server.app import MAX_BODY_MB, create_app
+from serving.app import MAX_BODY_MB, create_app
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deployment.server")
+    parser = argparse.ArgumentParser(prog="python -m serving")
     parser.add_argument("--host", default=os.environ.get("SERVING_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SERVING_PORT", "8300")))
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The job runner: ``python -m training.run <workdir>``.
+"""The job runner: ``python -m runtime.run <workdir>``.
 
 A child process of the train worker's Celery task, started in the runtime venv (Paddle, torch),
 without Django: it reads ``spec.json`` and the data in the work directory, trains with the
@@ -7,21 +7,13 @@ evaluates that artifact on the test split, and reports on stdout. A line that st
 ``@@event`` is a structured event (JSON); every other line is a log line.
 
 A job on several devices runs under Paddle's launcher (``python -m paddle.distributed.launch
---nproc_per_node N training/run.py <workdir>``): every process trains, the first reports.
+--nproc_per_node N runtime/run.py <workdir>``): every process trains, the first reports.
 """
-
-import sys
-
-if not __package__:
-    # Started as a script (Paddle's launcher takes a file): its folder would shadow modules of
-    # the standard library (training/selectors.py); the repository root goes there instead.
-    from pathlib import Path as _Path
-
-    sys.path[0] = str(_Path(__file__).resolve().parent.parent)
 
 import json
 import os
 import shutil
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -41,12 +33,12 @@ def emit(kind: str, **data) -> None:
 
 
 def run(workdir: Path) -> dict:
-    from training.backends import get_backend
-    from training.data import OBJECTIVES, LabelSpace
-    from training.inference import Predictor, write_manifest
-    from training.loop import load_split
-    from training.metrics import evaluate
-    from training.spec import JobSpec
+    from runtime.backends import get_backend
+    from runtime.data import OBJECTIVES, LabelSpace
+    from runtime.inference import Predictor, write_manifest
+    from runtime.loop import load_split
+    from runtime.metrics import evaluate
+    from runtime.spec import JobSpec
 
     spec = JobSpec.load(workdir)
     if spec.visibility_env and not process_rank():
@@ -160,7 +152,7 @@ def _wrong(kind: str, row: dict, pred: dict) -> bool:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m training.run <workdir>", file=sys.stderr)
+        print("usage: python -m runtime.run <workdir>", file=sys.stderr)
         return 2
     try:
         run(Path(argv[0]))

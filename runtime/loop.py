@@ -20,11 +20,11 @@ from typing import Protocol
 
 import numpy as np
 
-from training import data
-from training.backends import Emit
-from training.metrics import evaluate
-from training.spec import JobSpec
-from training.tokenizer import CharTokenizer
+from runtime import data
+from runtime.backends import Emit
+from runtime.metrics import evaluate
+from runtime.spec import JobSpec
+from runtime.tokenizer import CharTokenizer
 
 CHECKPOINT, BEST = "checkpoint", "best"
 VOCAB = "vocab.txt"

@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from deployment.server.replica import ROOT, predictor_user
-from deployment.server.revision import Revision, stage_export
-from training import sandbox
+from serving.replica import ROOT, predictor_user
+from serving.revision import Revision, stage_export
+from runtime import sandbox
 
 BUILTIN = "builtin"
 # name → the module that tells it is installed, the device types it serves, its command
@@ -136,7 +136,7 @@ class EngineRevision(Revision):
                 "port": str(self.port),
             }
             command = [part.format(**values) for part in spec["command"]]
-            # The engine is sandboxed as the predictors are (training/sandbox.py).
+            # The engine is sandboxed as the predictors are (runtime/sandbox.py).
             user = self.user
             home = model.parent if self.staged else None
             # Root's file, never opened through a link planted in its place.

@@ -3,7 +3,7 @@ requests and stream each request's text as it grows.
 
 Requests wait in one queue. When a process is free, its loop takes the oldest request and
 more until ``max_batch_size`` are in hand or ``max_wait_ms`` has passed since the oldest
-arrived, and generates for them together (``training.generation``: static batching, each
+arrived, and generates for them together (``runtime.generation``: static batching, each
 request ending on its own stop). Each step's deltas come back over the pipe and go to the
 requests' own queues, which the HTTP handlers stream from. Requests that arrive meanwhile wait
 for the next batch.
@@ -16,17 +16,17 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from deployment.server.replica import Replica, receive, send, serve
-from deployment.server.revision import PredictError, Revision
-from training.chat import ChatTokenizer
-from training.generation import Delta, GenerationRequest
+from serving.replica import Replica, receive, send, serve
+from serving.revision import PredictError, Revision
+from runtime.chat import ChatTokenizer
+from runtime.generation import Delta, GenerationRequest
 
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
     """The generation process: load, warm up with a full batch, then generate per message."""
 
     def load():
-        from training.generation import Generator
+        from runtime.generation import Generator
 
         generator = Generator(Path(export_dir), device)
         prompt = generator.chat_prompt([{"role": "user", "content": "预热"}])
@@ -47,7 +47,7 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
 
 
 class GenerationReplica(Replica):
-    target = "deployment.server.generative"
+    target = "serving.generative"
     name = "generator"
 
     def generate(self, requests: list[dict], on_step) -> None:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from training.backends import Backend, Emit
-from training.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
-from training.loop import BEST, VOCAB, fit
-from training.presets import PRESETS
-from training.spec import JobSpec
-from training.weights import refuse_pickles
+from runtime.backends import Backend, Emit
+from runtime.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
+from runtime.loop import BEST, VOCAB, fit
+from runtime.presets import PRESETS
+from runtime.spec import JobSpec
+from runtime.weights import refuse_pickles
 
 WEIGHTS = "model.safetensors"  # PaddleNLP's safetensors name (save_pretrained, from_pretrained)
-OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (training.weights.save_state)
+OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (runtime.weights.save_state)
 
 
 def save_paddle_state(directory: Path, tree) -> None:
@@ -27,7 +27,7 @@ def save_paddle_state(directory: Path, tree) -> None:
     import paddle
     from safetensors.numpy import save_file
 
-    from training.weights import save_state
+    from runtime.weights import save_state
 
     def as_array(value):
         return value.numpy() if isinstance(value, paddle.Tensor) else None
@@ -39,7 +39,7 @@ def load_paddle_state(directory: Path):
     import paddle
     from safetensors.numpy import load_file
 
-    from training.weights import load_state
+    from runtime.weights import load_state
 
     return load_state(
         directory / OPTIMIZER,
@@ -195,8 +195,8 @@ class PaddleBackend(Backend):
 
     def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
         if spec.task_kind in OBJECTIVES:
-            from training import llm
-            from training.backends.paddle_llm import PaddleLLMOps
+            from runtime import llm
+            from runtime.backends.paddle_llm import PaddleLLMOps
 
             self.llm = PaddleLLMOps()
             return llm.fit(spec, workdir, emit, self.llm)
@@ -204,7 +204,7 @@ class PaddleBackend(Backend):
 
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
         if spec.task_kind in OBJECTIVES:
-            from training import llm
+            from runtime import llm
 
             return llm.export(spec, workdir, out_dir, self.llm)
         import paddle

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.chat import ChatTokenizer
-from training.inference import read_manifest
-from training.weights import refuse_pickles
+from runtime.chat import ChatTokenizer
+from runtime.inference import read_manifest
+from runtime.weights import refuse_pickles
 
 RUNTIMES = ("paddle_generate", "torch_generate")
 

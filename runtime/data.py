@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.tokenizer import CharTokenizer, Encoded
+from runtime.tokenizer import CharTokenizer, Encoded
 
 SINGLE, MULTI, TOKEN = "single", "multi", "token"
 # The model head each task kind trains: one place for every backend.
@@ -30,7 +30,7 @@ HEADS = {
     "ner": TOKEN,
 }
 IGNORE = -100  # target of positions that carry no tag ([CLS], [SEP], padding)
-# The generative kinds train a causal LM (training.llm) with this objective, not a head.
+# The generative kinds train a causal LM (runtime.llm) with this objective, not a head.
 OBJECTIVES = {"instruction": "sft", "preference": "dpo"}
 
 

@@ -1,7 +1,7 @@
 """Evaluation metrics of a model's predictions against a dataset's rows (framework-free).
 
 Runs inside the training runner: numpy and seqeval only, no Django. Rows and predictions have
-the shapes of ``training.data``; every number returned is a Python float rounded to 6 decimals
+the shapes of ``runtime.data``; every number returned is a Python float rounded to 6 decimals
 or a Python int, so the result is JSON-serialisable as it is.
 """
 

@@ -1,6 +1,6 @@
 """Causal LMs on the paddle backend: PaddleNLP's ``AutoModelForCausalLM`` (LLaMA, Qwen2, the
 ERNIE families it builds) or the LLaMA preset, LoRA from ``paddlenlp.peft``, and the shared
-SFT/DPO loop of ``training.llm``. The export is the merged model in PaddleNLP's layout
+SFT/DPO loop of ``runtime.llm``. The export is the merged model in PaddleNLP's layout
 (``model.safetensors`` + ``config.json``) with the tokenizer's files. Nothing here is a pickle:
 weights, trained weights and the optimizer's state are safetensors."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from training.backends.paddle import load_paddle_state, paddle_device, save_paddle_state
-from training.chat import IGNORE, ChatTokenizer
-from training.generation import position_ids
-from training.llm import lora_targets
-from training.presets import LLM_PRESETS
-from training.spec import JobSpec
-from training.weights import refuse_pickles
+from runtime.backends.paddle import load_paddle_state, paddle_device, save_paddle_state
+from runtime.chat import IGNORE, ChatTokenizer
+from runtime.generation import position_ids
+from runtime.llm import lora_targets
+from runtime.presets import LLM_PRESETS
+from runtime.spec import JobSpec
+from runtime.weights import refuse_pickles
 
 TRAINED = "trained.safetensors"
 ADAPTER = "adapter"
@@ -146,7 +146,7 @@ class PaddleLLMOps:
 
     def inference_lm(self):
         """The model in evaluation mode, as the generation engine runs it."""
-        from training.generation import PaddleLM
+        from runtime.generation import PaddleLM
 
         return PaddleLM(self.model)
 
@@ -190,7 +190,7 @@ class PaddleLLMOps:
         safetensors, which its LoRAModel.from_pretrained reads through the index."""
         from safetensors.numpy import save_file
 
-        from training.weights import write_index
+        from runtime.weights import write_index
 
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.numpy() for k, v in self.model.get_trainable_state_dict().items()}

@@ -13,8 +13,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from training.data import Example, LabelSpace, collate, decode, encode
-from training.tokenizer import CharTokenizer
+from runtime.data import Example, LabelSpace, collate, decode, encode
+from runtime.tokenizer import CharTokenizer
 
 MANIFEST = "manifest.json"
 VOCAB = "vocab.txt"
@@ -136,7 +136,7 @@ RUNTIMES: dict[str, Runtime] = {
 
 
 class Predictor:
-    """Inputs in, predictions out (``training.data`` documents their shape)."""
+    """Inputs in, predictions out (``runtime.data`` documents their shape)."""
 
     def __init__(self, manifest: dict, tokenizer: CharTokenizer, run) -> None:
         self.manifest = manifest

@@ -18,9 +18,9 @@ from typing import Protocol
 
 import numpy as np
 
-from training import data
-from training.backends import Emit
-from training.chat import (
+from runtime import data
+from runtime.backends import Emit
+from runtime.chat import (
     IGNORE,
     ChatTokenizer,
     SftExample,
@@ -29,7 +29,7 @@ from training.chat import (
     pack,
     rouge_l,
 )
-from training.loop import (
+from runtime.loop import (
     BEST,
     CHECKPOINT,
     _recover,
@@ -38,7 +38,7 @@ from training.loop import (
     learning_rate,
     step_events,
 )
-from training.spec import JobSpec
+from runtime.spec import JobSpec
 
 TOKENIZER = "tokenizer"  # where a preset's character tokenizer is kept in the work directory
 REFERENCE = "reference_logps.npy"
@@ -72,7 +72,7 @@ class LLMOps(Protocol):
         """Per sequence: the sum of log p of its labelled tokens, and their count ([B, 2])."""
 
     def inference_lm(self):
-        """The model in evaluation mode for ``training.generation``: ``forward(ids, mask,
+        """The model in evaluation mode for ``runtime.generation``: ``forward(ids, mask,
         positions, cache) → (last logits, cache)``."""
 
     def save(self, directory: Path, with_optimizer: bool) -> None: ...
@@ -381,7 +381,7 @@ def evaluate(ops, spec, tok, rows, items, reference, split) -> dict:
     kept = [i for i, ids in enumerate(prompts) if len(ids) < hp.max_seq_length]
     generations = []
     if kept:
-        from training.generation import GenerationRequest, generate
+        from runtime.generation import GenerationRequest, generate
 
         started = time.perf_counter()
         requests = [
@@ -407,7 +407,7 @@ def evaluate(ops, spec, tok, rows, items, reference, split) -> dict:
 
 def export(spec: JobSpec, workdir: Path, out_dir: Path, ops: LLMOps) -> dict:
     """The trained model merged for serving, with its tokenizer and chat template."""
-    from training.chat import copy_tokenizer
+    from runtime.chat import copy_tokenizer
 
     ops.load(workdir / BEST, with_optimizer=False)
     files = ops.export(out_dir)

@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from training.backends import Backend, Emit
-from training.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
-from training.loop import BEST, VOCAB, fit
-from training.presets import PRESETS
-from training.spec import JobSpec
-from training.weights import refuse_pickles
+from runtime.backends import Backend, Emit
+from runtime.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
+from runtime.loop import BEST, VOCAB, fit
+from runtime.presets import PRESETS
+from runtime.spec import JobSpec
+from runtime.weights import refuse_pickles
 
 # Training nodes are offline: a missing file must fail, not start a download from the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,7 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
-OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (training.weights.save_state)
+OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (runtime.weights.save_state)
 ONNX_FILE = "model.onnx"
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 # Weight files of a Hugging Face (PyTorch) checkpoint; a PaddleNLP one has model_state.pdparams.
@@ -105,7 +105,7 @@ def save_torch_state(directory: Path, tree: Any) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from training.weights import save_state
+    from runtime.weights import save_state
 
     def as_array(value: Any) -> Any:
         return value.detach().contiguous() if isinstance(value, torch.Tensor) else None
@@ -116,7 +116,7 @@ def save_torch_state(directory: Path, tree: Any) -> None:
 def load_torch_state(directory: Path, device: Any) -> Any:
     from safetensors.torch import load_file
 
-    from training.weights import load_state
+    from runtime.weights import load_state
 
     return load_state(directory / OPTIMIZER, lambda path: load_file(str(path), device=str(device)))
 
@@ -293,8 +293,8 @@ class TorchBackend(Backend):
 
     def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
         if spec.task_kind in OBJECTIVES:
-            from training import llm
-            from training.backends.torch_llm import TorchLLMOps
+            from runtime import llm
+            from runtime.backends.torch_llm import TorchLLMOps
 
             self.llm = TorchLLMOps()
             return llm.fit(spec, workdir, emit, self.llm)
@@ -302,7 +302,7 @@ class TorchBackend(Backend):
 
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
         if spec.task_kind in OBJECTIVES:
-            from training import llm
+            from runtime import llm
 
             return llm.export(spec, workdir, out_dir, self.llm)
         import torch

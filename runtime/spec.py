@@ -1,6 +1,6 @@
 """A training job as the runner sees it: ``spec.json`` in the job's work directory.
 
-The platform (Django) writes it; the runner (``python -m training.run``) and the backends read
+The platform (Django) writes it; the runner (``python -m runtime.run``) and the backends read
 it without the ORM, so a job can run on a node that only has the files.
 
 Work directory layout::
@@ -48,7 +48,7 @@ class Hyperparameters:
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.05
-    # Linear layers that get adapters; empty: the architecture's default (training.llm).
+    # Linear layers that get adapters; empty: the architecture's default (runtime.llm).
     lora_target_modules: list[str] = field(default_factory=list)
     gradient_accumulation_steps: int = 1
     # Recompute activations in the backward pass (gradient checkpointing): less memory.

@@ -2,7 +2,7 @@
 group ``model_platform.backends`` (see pyproject.toml), so a third backend is a package of its
 own that declares an entry point, not a patch of this one.
 
-A backend trains in a job's work directory (``training.spec``), resuming from ``checkpoint/``
+A backend trains in a job's work directory (``runtime.spec``), resuming from ``checkpoint/``
 when one is there, writes the best weights to ``best/``, exports an inference artifact with its
 manifest, and loads such an artifact for inference. Events go through ``emit``.
 """
@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from training.spec import JobSpec
+from runtime.spec import JobSpec
 
 ENTRY_POINT_GROUP = "model_platform.backends"
 
@@ -43,8 +43,8 @@ class Backend(ABC):
         ``params_file`` where the runtime has one); the runner writes the manifest."""
 
     def load_for_inference(self, export_dir: Path, device: str = "cpu") -> Any:
-        """A ``training.inference.Predictor`` over an exported artifact."""
-        from training.inference import Predictor
+        """A ``runtime.inference.Predictor`` over an exported artifact."""
+        from runtime.inference import Predictor
 
         return Predictor.load(export_dir, device=device)
 

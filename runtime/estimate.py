@@ -14,8 +14,15 @@ It is an estimate, within tens of percent: frameworks add workspace and fragment
 """
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from console.hardware import DeviceProfile
+
+class DeviceProfile(Protocol):
+    """What the estimate reads of a device type's profile (console.hardware.DeviceProfile)."""
+
+    name: str
+    label: str
+    amp: bool
 
 
 def causal_lm_summary(config: dict) -> dict:

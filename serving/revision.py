@@ -3,7 +3,7 @@
 Every input of every request goes into one queue. Each replica has a loop that, when its
 process is free, takes the oldest input and then more until ``max_batch_size`` inputs are in
 hand or ``max_wait_ms`` has passed since the oldest arrived, runs them as one batch (padded to
-the longest, ``training.data.collate``) and answers each input's future. While every replica is
+the longest, ``runtime.data.collate``) and answers each input's future. While every replica is
 busy, inputs wait in the queue, so the next batch fills at once: under load batches are full
 without waiting, and alone a request waits at most ``max_wait_ms``.
 """
@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployment.server.replica import Replica, predictor_user
-from training import sandbox
-from training.inference import MANIFEST, read_manifest, sha256_file
+from serving.replica import Replica, predictor_user
+from runtime import sandbox
+from runtime.inference import MANIFEST, read_manifest, sha256_file
 
 
 @dataclass

@@ -6,8 +6,8 @@ tuples: the parent sends a list of inputs (or ``None`` to stop); the child answe
 ``("ready", info)`` once after warm-up, then ``("ok", predictions)`` or ``("error", message)``
 per batch. A failure to load is ``("failed", message)``, and the process ends.
 
-The process is started (``python -m deployment.server.replica``, not forked: the parent runs an
-event loop and threads that a fork would copy) in the sandbox of ``training.sandbox``: an
+The process is started (``python -m serving.replica``, not forked: the parent runs an
+event loop and threads that a fork would copy) in the sandbox of ``runtime.sandbox``: an
 environment without the serving host's secret nor any other of the platform's, and, where the
 host runs as root, as ``PLATFORM_RUNNER_USER``, reading a copy of the model staged for it.
 Its answers are JSON, never pickles: the host trusts nothing the process says.
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from training import sandbox
+from runtime import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -104,7 +104,7 @@ def serve(conn: Connection, load: Callable[[], Callable[[object], None]]) -> Non
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
     def load():
-        from training.inference import Predictor
+        from runtime.inference import Predictor
 
         predictor = Predictor.load(export_dir, device)
         text = "预热" * predictor.max_length
@@ -124,7 +124,7 @@ class Replica:
     """The parent's handle on one predictor process. ``call`` blocks: run it in a thread."""
 
     # What the process runs: <module>.main(conn, export_dir, device, max_batch_size).
-    target = "deployment.server.replica"
+    target = "serving.replica"
     name = "predictor"
 
     def __init__(
@@ -147,7 +147,7 @@ class Replica:
         fd = child.fileno()
         args = [self.target, str(fd), export_dir, device, str(max_batch_size)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "deployment.server.replica", *args],
+            [sys.executable, "-m", "serving.replica", *args],
             pass_fds=[fd],
             cwd=home or ROOT,
             env=predictor_env(home),
@@ -211,7 +211,7 @@ class Replica:
 
 
 if __name__ == "__main__":
-    # python -m deployment.server.replica <module> <fd> <export_dir> <device> <max_batch_size>
+    # python -m serving.replica <module> <fd> <export_dir> <device> <max_batch_size>
     module, fd, export_dir, device, max_batch_size = sys.argv[1:]
     importlib.import_module(module).main(
         Connection(int(fd)), export_dir, device, int(max_batch_size)
