@@ -53,6 +53,7 @@ from pathlib import Path
 
 import requests
 from _reviews import LABELS
+
 from serving import (
     Bare,
     Connection,

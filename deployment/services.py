@@ -35,13 +35,13 @@ from deployment.models import (
     Revision,
     ServingHost,
 )
-from serving.engines import BUILTIN, ENGINES
-from serving.metrics import COUNTERS
 from labeling import selectors as labeling_selectors
 from labeling.models import LabelingProject
 from labeling.services import labeling_project_preannotate
-from training import storage
 from runtime.data import OBJECTIVES
+from serving.engines import BUILTIN, ENGINES
+from serving.metrics import COUNTERS
+from training import storage
 from training.models import ModelVersion
 
 log = logging.getLogger(__name__)

@@ -28,13 +28,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.generation import RUNTIMES as GENERATIVE_RUNTIMES
+from runtime.inference import read_manifest
 from serving import chat_api, engines
 from serving.engines import EngineRevision
 from serving.generative import GenerativeRevision
 from serving.metrics import BUCKETS_MS, Metrics
 from serving.revision import PredictError, Revision
-from runtime.generation import RUNTIMES as GENERATIVE_RUNTIMES
-from runtime.inference import read_manifest
 
 MAX_INPUTS = 256  # per request, unless the endpoint says otherwise
 MAX_CHARS = 20_000  # per text

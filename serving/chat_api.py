@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.generative import GenerativeRevision
-from serving.revision import PredictError
 from runtime.chat import ROLES, ChatTemplateError
 from runtime.generation import GenerationRequest
+from serving.generative import GenerativeRevision
+from serving.revision import PredictError
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP = 4

@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from runtime import sandbox
 from serving.replica import ROOT, predictor_user
 from serving.revision import Revision, stage_export
-from runtime import sandbox
 
 BUILTIN = "builtin"
 # name → the module that tells it is installed, the device types it serves, its command

@@ -16,10 +16,10 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from serving.replica import Replica, receive, send, serve
-from serving.revision import PredictError, Revision
 from runtime.chat import ChatTokenizer
 from runtime.generation import Delta, GenerationRequest
+from serving.replica import Replica, receive, send, serve
+from serving.revision import PredictError, Revision
 
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.replica import Replica, predictor_user
 from runtime import sandbox
 from runtime.inference import MANIFEST, read_manifest, sha256_file
+from serving.replica import Replica, predictor_user
 
 
 @dataclass

@@ -15,8 +15,8 @@ from console.pagination import PaginatedList
 from console.permissions import TeamPermission
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
-from training import selectors, services
 from runtime.presets import LLM_PRESETS, PRESETS
+from training import selectors, services
 from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,

@@ -4,8 +4,8 @@ from django.utils.translation import gettext_lazy as _
 from console.hardware import device_choices
 from labeling.models import DatasetVersion
 from runtime.data import HEADS, OBJECTIVES
-from training.models import Backend, TrainingJob
 from runtime.presets import LLM_PRESETS, PRESETS
+from training.models import Backend, TrainingJob
 
 METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
 

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
-from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 from runtime.presets import LLM_PRESETS, PRESETS
+from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 
 
 class BaseModelSerializer(serializers.ModelSerializer):

@@ -45,16 +45,16 @@ from console.services import (
 )
 from labeling.models import DatasetVersion
 from runtime import sandbox, weights
-from training import storage
 from runtime.backends import available as available_backends
 from runtime.data import HEADS, OBJECTIVES
 from runtime.estimate import causal_lm_summary
 from runtime.inference import MANIFEST, PATH_FIELDS, read_manifest, write_manifest
-from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 from runtime.presets import LLM_PRESETS, PRESETS, default_preset, presets_for, recommended
 from runtime.run import EVENT_PREFIX
 from runtime.spec import Hyperparameters, JobSpec
 from runtime.tokenizer import CharTokenizer
+from training import storage
+from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 
 # -- Base models -----------------------------------------------------------------------------
 

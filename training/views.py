@@ -15,12 +15,12 @@ from console.hardware import profiles
 from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
-from training import api, selectors, services
 from runtime.data import OBJECTIVES
 from runtime.estimate import estimates
+from runtime.presets import LLM_PRESETS, PRESETS
+from training import api, selectors, services
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
 from training.models import TrainingJob
-from runtime.presets import LLM_PRESETS, PRESETS
 
 
 def _error_text(exc: ValidationError | PermissionDenied) -> str:

@@ -170,8 +170,8 @@ def model_version(team, owner, exports, llm_exports, tmp_path):
     generative kinds' exports are the tiny LLaMA's."""
     import shutil
 
-    from training import storage
     from runtime.inference import read_manifest
+    from training import storage
     from training.models import ModelVersion
 
     def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews"):

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine", allow_module_level=True)
 
 import runtime.run as runner  # noqa: E402
-from tests.runtime.test_torch_backend import make_workdir  # noqa: E402
 from runtime.backends.torch import TorchOps  # noqa: E402
+from tests.runtime.test_torch_backend import make_workdir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,13 +14,13 @@ import pytest
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from runtime import sandbox
+from runtime.chat import ChatTemplateError, ChatTokenizer
 from tests.conftest import make_jsonl_version
 from tests.deployment.test_server import KEY, load, route
 from tests.training.conftest import rows_for, wait_for
 from tests.training.test_llm import llm_dirs  # noqa: F401 (a fixture)
-from runtime import sandbox
 from training import services
-from runtime.chat import ChatTemplateError, ChatTokenizer
 
 ROOT = os.geteuid() == 0
 # What the platform's processes hold that no sandboxed process may: names and values.

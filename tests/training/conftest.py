@@ -108,8 +108,8 @@ def log_of(job) -> str:
 
 def stored_model(team, owner, tmp_path: Path, **fields):
     """A model version with real files in storage (a made-up export), as a job leaves one."""
-    from training import storage
     from runtime.inference import write_manifest
+    from training import storage
 
     export = tmp_path / "staged" / "export"
     export.mkdir(parents=True)
