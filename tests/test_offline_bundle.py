@@ -114,12 +114,11 @@ def test_install_without_network(archive, tmp_path):
         [prefix / ".venv/bin/django-admin", "--version"], capture_output=True, text=True
     )
     assert django_admin.stdout.startswith("5.2."), django_admin.stderr
-    # The project: installed (its entry points), and imported from the prefix's source tree.
+    # The project: installed, and imported from the prefix's source tree.
     probe = (
         "import importlib.metadata as m, runtime.presets as p;"
         "print(p.__file__);"
         "print(m.version('model-platform'));"
-        "print(sorted(e.name for e in m.entry_points(group='model_platform.backends')));"
         "print(p.DEFAULT_PRESET)"
     )
     out = subprocess.run(
@@ -129,8 +128,8 @@ def test_install_without_network(archive, tmp_path):
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert out[0] == str(prefix / "runtime/presets.py")
-    assert out[1:] == [VERSION, "['paddle', 'torch']", "ernie-micro-char"]
+    assert out == [str(prefix / "runtime/presets.py"), VERSION, "ernie-micro-char"]
+    _check_runtime_distribution(bundle, prefix, tmp_path)
     assert (prefix / "locale/zh_Hans/LC_MESSAGES/django.mo").is_file()
     assert (prefix / "var/static/staticfiles.json").is_file()
     assert not (prefix / "wheelhouse").exists()
@@ -138,6 +137,33 @@ def test_install_without_network(archive, tmp_path):
     # Idempotent: a second run changes nothing and succeeds.
     again = _install(bundle, prefix)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def _check_runtime_distribution(bundle: Path, prefix: Path, tmp_path: Path) -> None:
+    """What the runtime venv installs from the bundle's tree (as install.sh does where the bundle
+    has a runtime wheelhouse): runtime/ and serving/ with the backends' entry points, no app."""
+    venv = tmp_path / "rt"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--no-index"]
+    pip += ["--find-links", str(bundle / "wheelhouse/platform"), "--no-deps"]
+    cmd, env = _offline([*pip, "-e", str(prefix / "platform/runtime-dist")])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    probe = (
+        "import importlib.metadata as m, importlib.util as u, serving, runtime.presets as p;"
+        "print(p.__file__);"
+        "print(sorted(e.name for e in m.entry_points(group='model_platform.backends')));"
+        "print([n for n in ('console', 'labeling', 'training', 'deployment') if u.find_spec(n)])"
+    )
+    out = subprocess.run(
+        [venv / "bin/python", "-c", probe], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        str(prefix / "runtime/presets.py"),
+        "['paddle', 'torch']",
+        "[]",
+    ]
 
 
 def test_corrupt_file_is_named(archive, tmp_path):
