@@ -18,14 +18,17 @@ ifeq ($(LABEL_STUDIO_URL),)
 LABEL_STUDIO := labelstudio
 endif
 
-.PHONY: install install-test runtime labelstudio run test lint messages bench offline-bundle
+.PHONY: install install-test runtime labelstudio run test lint messages bench bench-smoke offline-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml platform/runtime-dist/pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e .
+	# runtime/ and serving/ are a distribution of their own (with the backends' entry points),
+	# installed in both venvs: the apps import them.
+	$(PY) -m pip install --quiet --no-deps -e platform/runtime-dist
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
@@ -72,8 +75,15 @@ test: install-test $(LABEL_STUDIO)
 	$(RT_PY) -m pytest tests/runtime -p no:django -p no:cacheprovider --noconftest
 	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest
 
+# The gates .ci/run passes through before the suite: style, the contracts between the packages
+# (import-linter, [tool.importlinter]), the types of runtime/ and serving/ (mypy, [tool.mypy]),
+# and no model change without its migration.
 lint: install-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py makemigrations --check --dry-run
 
 # Refresh the catalogs from the sources (needs GNU gettext; developers only).
 messages: install
@@ -81,6 +91,11 @@ messages: install
 
 bench: install-test
 	@set -e; for f in benchmarks/[!_]*.py; do [ -e "$$f" ] || continue; echo "== $$f"; $(PY) "$$f"; done
+
+# Every benchmark at its smoke size (--smoke: seconds each), checking that it still ends with its
+# JSON line, not its figures; `make test` runs the same test with the rest of the suite.
+bench-smoke: install-test $(LABEL_STUDIO)
+	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest tests/test_benchmarks.py
 
 # The air-gapped install (platform/offline/README.md): on a machine with registry access, one
 # archive with the wheelhouses of the three venvs, the static files and install.sh, in dist/.

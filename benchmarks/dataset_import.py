@@ -2,7 +2,7 @@
 (upload in chunks, import job, validation, dedup, splits, storage), against pandas.read_csv of
 the same file, each in a process of its own so that peak RSS is its own.
 
-    make bench            # or: .venv/bin/python benchmarks/dataset_import.py [--rows N]
+    make bench            # or: .venv/bin/python benchmarks/dataset_import.py [--rows N] [--smoke]
 
 Ends with one JSON line: rows, rows_per_s, peak_rss_mb, pandas_rows_per_s, pandas_peak_rss_mb,
 speed_ratio_vs_pandas.
@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _harness import bench_env, parse, print_result
+
 LABELS = ["正面", "负面", "中性", "咨询", "投诉"]
 CHARS = (
     "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说"
@@ -26,33 +27,29 @@ CHARS = (
     "看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料"
 )
 
+# argv = the CSV file, this folder (for _harness); the environment is bench_env's.
 PLATFORM = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
-import django
-django.setup()
-from django.contrib.auth import get_user_model
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from console.services import team_create
-from labeling import services
+from _harness import bench_team, setup_django
+setup_django()
+from labeling.datasets import dataset_create, upload_create, upload_write_chunk
+from labeling.imports import import_start
 path = sys.argv[1]
-user = get_user_model().objects.create_user("bench", password="x", is_staff=True)
-team = team_create(actor=user, name="bench")
-dataset = services.dataset_create(actor=user, team=team, name="reviews",
+user, team = bench_team()
+dataset = dataset_create(actor=user, team=team, name="reviews",
                                   task_kind="text_classification")
 size = os.path.getsize(path)
 t0 = time.perf_counter()
-upload = services.upload_create(actor=user, team=team, filename="reviews.csv", size=size)
+upload = upload_create(actor=user, team=team, filename="reviews.csv", size=size)
 with open(path, "rb") as f:
     offset = 0
     while offset < size:
         n = min(8 * 2**20, size - offset)
-        upload = services.upload_write_chunk(upload=upload, offset=offset, stream=f, length=n)
+        upload = upload_write_chunk(upload=upload, offset=offset, stream=f, length=n)
         offset += n
 t1 = time.perf_counter()
-job = services.import_start(actor=user, dataset=dataset, upload=upload, fmt="csv",
+job = import_start(actor=user, dataset=dataset, upload=upload, fmt="csv",
                             encoding="gbk", options={"mapping": {"text": "文本", "label": "标签"}})
 job.refresh_from_db()  # CELERY_TASK_ALWAYS_EAGER: the task ran on commit, in this process
 t2 = time.perf_counter()
@@ -91,19 +88,12 @@ def measure(code: str, env: dict, *args: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
-    args = parser.parse_args()
+    args = parse(parser, smoke={"rows": 1000})
     with tempfile.TemporaryDirectory(prefix="bench-import-") as tmp:
         csv_path = Path(tmp) / "reviews.csv"
         generate(csv_path, args.rows)
-        env = {
-            **os.environ,
-            "PLATFORM_DATA_DIR": str(Path(tmp) / "data"),
-            "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
-            "SECRET_KEY": "benchmark-only-secret-key-0123456789",
-            "CELERY_TASK_ALWAYS_EAGER": "1",
-            "LOG_LEVEL": "WARNING",
-        }
-        platform = measure(PLATFORM, env, str(csv_path), str(ROOT))
+        env = {**os.environ, **bench_env(Path(tmp)), "CELERY_TASK_ALWAYS_EAGER": "1"}
+        platform = measure(PLATFORM, env, str(csv_path), str(Path(__file__).parent))
         pandas = measure(PANDAS, env, str(csv_path))
     rows_per_s = platform["rows"] / platform["seconds"]
     pandas_rows_per_s = pandas["rows"] / pandas["seconds"]
@@ -115,17 +105,15 @@ def main() -> None:
         f"pandas.read_csv: {pandas['rows']} rows in {pandas['seconds']:.1f} s, "
         f"peak RSS {pandas['peak_rss_mb']:.0f} MB"
     )
-    print(
-        json.dumps(
-            {
-                "rows": platform["rows"],
-                "rows_per_s": round(rows_per_s),
-                "peak_rss_mb": round(platform["peak_rss_mb"], 1),
-                "pandas_rows_per_s": round(pandas_rows_per_s),
-                "pandas_peak_rss_mb": round(pandas["peak_rss_mb"], 1),
-                "speed_ratio_vs_pandas": round(rows_per_s / pandas_rows_per_s, 3),
-            }
-        )
+    print_result(
+        {
+            "rows": platform["rows"],
+            "rows_per_s": round(rows_per_s),
+            "peak_rss_mb": round(platform["peak_rss_mb"], 1),
+            "pandas_rows_per_s": round(pandas_rows_per_s),
+            "pandas_peak_rss_mb": round(pandas["peak_rss_mb"], 1),
+            "speed_ratio_vs_pandas": round(rows_per_s / pandas_rows_per_s, 3),
+        }
     )
 
 

@@ -1,6 +1,6 @@
 """Generation speed: one exported causal LM, in one run, generating for 8 concurrent requests
 
-    .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T]
+    .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T] [--smoke]
 
 (a) bare: ``runtime.generation.Generator`` in a process of its own (the runtime venv) on one
     batch of the 8 prompts, one math thread as the host's generation process has: the limit;
@@ -35,7 +35,17 @@ import threading
 import time
 from pathlib import Path
 
-from serving import ROOT, Host, runtime_env, runtime_python
+from _harness import (
+    ROOT,
+    Host,
+    parse,
+    print_result,
+    run_job,
+    runtime_env,
+    runtime_python,
+    stop,
+    write_splits,
+)
 
 CLIENTS = 8
 ARCH = {
@@ -71,15 +81,13 @@ for _ in sys.stdin:
 """
 
 
-def train(workdir: Path) -> Path:
-    """The LLaMA architecture at ARCH's size, fine-tuned (LoRA) for one epoch on sums."""
-    sys.path.insert(0, str(ROOT))
+def train(workdir: Path, rows: int) -> Path:
+    """The LLaMA architecture at ARCH's size, fine-tuned (LoRA) for one epoch on ``rows`` sums
+    (81 at most; the last ninth of them the dev split)."""
     from runtime.presets import recommended
     from runtime.spec import JobSpec
 
-    data = workdir / "data"
-    data.mkdir(parents=True)
-    rows = [
+    data = [
         {
             "messages": [
                 {"role": "user", "content": f"请问{a}加{b}等于几？请写出计算过程。"},
@@ -88,11 +96,9 @@ def train(workdir: Path) -> Path:
         }
         for a in range(1, 10)
         for b in range(1, 10)
-    ]
-    for split, part in (("train", rows[:72]), ("dev", rows[72:])):
-        (data / f"{split}.jsonl").write_text(
-            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), "utf-8"
-        )
+    ][:rows]
+    cut = len(data) * 8 // 9
+    write_splits(workdir, {"train": data[:cut], "dev": data[cut:]})
     hp = recommended("instruction", preset="llama-tiny-char")
     hp.epochs, hp.eval_generations, hp.checkpoint_steps = 1, 0, 0
     JobSpec(
@@ -103,21 +109,12 @@ def train(workdir: Path) -> Path:
         model_config=ARCH,
         hyperparameters=hp,
     ).save(workdir)
-    proc = subprocess.run(
-        [runtime_python(), "-m", "runtime.run", str(workdir)],
-        cwd=ROOT,
-        env=runtime_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    if proc.returncode:
-        sys.exit(f"training failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    return workdir / "export"
+    return run_job(workdir)
 
 
-class Bare:
+class BareGenerator:
+    """The bare engine's process, generating for the batch of prompts on demand."""
+
     def __init__(self, export: Path, max_tokens: int, log: Path) -> None:
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(
@@ -147,7 +144,7 @@ class Bare:
 
     def close(self) -> None:
         self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        stop(self.proc)
 
 
 def stream_one(port: int, api_key: str, question: str, max_tokens: int, out: dict) -> None:
@@ -208,12 +205,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
-    args = parser.parse_args()
+    parser.add_argument("--rows", type=int, default=81, help="training rows (sums), 81 at most")
+    # --smoke: one step of training, one round of a few tokens.
+    args = parse(parser, smoke={"rounds": 1, "max_tokens": 4, "rows": 5})
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
         tmp = Path(tmp)
         print("training the model (LLaMA architecture, hidden 256, 4 layers) …", flush=True)
-        export = train(tmp / "job")
-        bare = Bare(export, args.max_tokens, tmp / "bare.log")
+        export = train(tmp / "job", args.rows)
+        bare = BareGenerator(export, args.max_tokens, tmp / "bare.log")
         host = Host(tmp / "host.log")
         try:
             host.load("rev-bench", export, max_batch_size=CLIENTS, max_wait_ms=20)
@@ -242,15 +241,13 @@ def main() -> None:
             host.stop()
     bare_rate = statistics.median(bare_rates)
     endpoint_rate = statistics.median(endpoint_rates)
-    print(
-        json.dumps(
-            {
-                "bare_tokens_per_s": round(bare_rate, 1),
-                "endpoint_tokens_per_s": round(endpoint_rate, 1),
-                "ratio": round(endpoint_rate / bare_rate, 3),
-                "ttft_p50_ms": round(statistics.median(ttfts), 1),
-            }
-        )
+    print_result(
+        {
+            "bare_tokens_per_s": round(bare_rate, 1),
+            "endpoint_tokens_per_s": round(endpoint_rate, 1),
+            "ratio": round(endpoint_rate / bare_rate, 3),
+            "ttft_p50_ms": round(statistics.median(ttfts), 1),
+        }
     )
 
 

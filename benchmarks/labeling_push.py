@@ -3,11 +3,14 @@ platform's push service (a fresh Label Studio project, batches, task ids recorde
 labels as predictions), against one bare SDK import of the same tasks (text and prediction)
 into another fresh project, in the same run and the same Label Studio.
 
-    make bench      # Label Studio from LABEL_STUDIO_URL/_TOKEN, or a throwaway one
+    make bench      # or: .venv/bin/python benchmarks/labeling_push.py [--tasks N] [--smoke]
+
+Label Studio from LABEL_STUDIO_URL/_TOKEN, or a throwaway one.
 
 Ends with one JSON line: tasks, push_s, bare_import_s, ratio.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -15,19 +18,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _harness import ROOT, bench_env, parse, print_result
 
+# argv = this folder (for _harness), the number of tasks; the environment is bench_env's.
 MEASURE = r"""
-import io, json, os, random, sys, time
+import json, random, sys, time
 sys.path.insert(0, sys.argv[1])
-os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
-import django
-django.setup()
-from django.contrib.auth import get_user_model
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from console.services import team_create
-from labeling import services
+from _harness import bench_team, import_version, setup_django
+setup_django()
+from labeling.projects import labeling_project_create
+from labeling import task_kinds
 from labeling.label_studio import client
 n = int(sys.argv[2])
 rng = random.Random(0)
@@ -37,26 +37,16 @@ lines = ["文本,标签"] + [
     for i in range(n)
 ]
 data = ("\n".join(lines) + "\n").encode()
-user = get_user_model().objects.create_user("bench", password="x", is_staff=True)
-team = team_create(actor=user, name="bench")
-dataset = services.dataset_create(actor=user, team=team, name="reviews",
-                                  task_kind="text_classification", labels=["正面", "负面"])
-upload = services.upload_create(actor=user, team=team, filename="r.csv", size=len(data))
-upload = services.upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data),
-                                     length=len(data))
-mapping = {"text": "文本", "label": "标签"}
-job = services.import_start(actor=user, dataset=dataset, upload=upload, fmt="csv",
-                            encoding="utf-8", options={"mapping": mapping})
-job.refresh_from_db()
-version = job.version
+user, team = bench_team()
+version = import_version(user, team, data, "csv", {"text": "文本", "label": "标签"})
 # Eager Celery: the push task runs inside the create, as a worker would run it after.
 t = time.perf_counter()
-project = services.labeling_project_create(actor=user, version=version, name="bench")
+project = labeling_project_create(actor=user, version=version, name="bench")
 project.refresh_from_db()
 push_s = time.perf_counter() - t
 assert project.tasks_pushed == n, project.tasks_pushed
 ls = client()
-config = services.schema_for("text_classification").label_config(["正面", "负面"])
+config = task_kinds.get("text_classification").label_config(["正面", "负面"])
 bare = ls.projects.create(title="bench bare", label_config=config)
 # The same tasks: the text, and the existing label as a prediction.
 tasks = []
@@ -76,17 +66,12 @@ print(json.dumps({"tasks": n, "push_s": push_s, "bare_import_s": bare_s}))
 
 
 def main() -> None:
-    tasks = int(sys.argv[sys.argv.index("--tasks") + 1]) if "--tasks" in sys.argv else 10_000
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=10_000)
+    tasks = parse(parser, smoke={"tasks": 20}).tasks
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp:
-        env = {
-            **os.environ,
-            "PLATFORM_DATA_DIR": tmp,
-            "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
-            "SECRET_KEY": "benchmark-only-secret-key-0123456789",
-            "CELERY_TASK_ALWAYS_EAGER": "1",
-            "LOG_LEVEL": "WARNING",
-        }
-        command = [sys.executable, "-c", MEASURE, str(ROOT), str(tasks)]
+        env = {**os.environ, **bench_env(Path(tmp)), "CELERY_TASK_ALWAYS_EAGER": "1"}
+        command = [sys.executable, "-c", MEASURE, str(Path(__file__).parent), str(tasks)]
         if not env.get("LABEL_STUDIO_URL"):
             command = [
                 sys.executable,
@@ -99,15 +84,13 @@ def main() -> None:
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     push_s, bare_s = figures["push_s"], figures["bare_import_s"]
     print(f"platform push: {tasks} tasks in {push_s:.2f} s; bare SDK import: {bare_s:.2f} s")
-    print(
-        json.dumps(
-            {
-                "tasks": tasks,
-                "push_s": round(push_s, 2),
-                "bare_import_s": round(bare_s, 2),
-                "ratio": round(push_s / bare_s, 2),
-            }
-        )
+    print_result(
+        {
+            "tasks": tasks,
+            "push_s": round(push_s, 2),
+            "bare_import_s": round(bare_s, 2),
+            "ratio": round(push_s / bare_s, 2),
+        }
     )
 
 

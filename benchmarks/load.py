@@ -1,6 +1,6 @@
 """Load: console users and inference clients at once, for a bounded time, on loopback.
 
-    make bench   # or: .venv/bin/python benchmarks/load.py [--seconds S] [--users N] [--clients N]
+    make bench   # or: .venv/bin/python benchmarks/load.py [--seconds S] [--users N] [--smoke]
 
 The console runs as `make run` runs it: gunicorn with platform/Procfile's web line (2 workers,
 4 threads each), DEBUG off, on a throwaway data directory and SQLite database, or on a throwaway
@@ -8,7 +8,7 @@ database created on the PostgreSQL server of DATABASE_URL (dropped at the end). 
 a throwaway one (platform/embedded_redis.py): the jobs the users submit stay queued, with no
 train worker, and no worker of another Redis ever sees them. The inference side is a real
 serving host (``python -m serving`` in the runtime venv) with one revision of
-``ernie-micro-char`` trained by the job runner (benchmarks/serving.py's helpers: one replica,
+``ernie-micro-char`` trained by the job runner (benchmarks/_harness.py's helpers: one replica,
 max_batch_size 32, max_wait_ms 2).
 
 - ``--users`` (50) console users, each logged in (a session of its own account, an owner of the
@@ -34,12 +34,10 @@ baselines and ratios.
 
 import argparse
 import html
-import io
 import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,20 +50,28 @@ from functools import partial
 from pathlib import Path
 
 import requests
-from _reviews import LABELS
-
-from serving import (
+from _harness import (
+    LABELS,
+    ROOT,
     Bare,
     Connection,
     Endpoint,
     Host,
-    make_rows,
+    bench_team,
+    free_port,
+    import_version,
+    jsonl,
+    parse,
+    print_result,
     quantile,
     requests_for,
+    review_rows,
+    setup_django,
+    stop,
     train_export,
+    under_redis,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 TEAM = "bench"
 CSRF_FIELD = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 
@@ -105,12 +111,6 @@ def p95(ms: list[float]) -> float | None:
     return round(quantile(ms, 0.95), 1) if ms else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def throwaway_database(tmp: Path) -> tuple[str, Callable[[], None]]:
     """A database for this run alone: SQLite in ``tmp``, or a new database on the PostgreSQL
     server of DATABASE_URL; its URL and how to drop it."""
@@ -132,28 +132,6 @@ def throwaway_database(tmp: Path) -> tuple[str, Callable[[], None]]:
     return urllib.parse.urlunparse(parts._replace(path=f"/{name}")), drop
 
 
-def setup_django(tmp: Path, database_url: str) -> None:
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "console.settings",
-            "PLATFORM_DATA_DIR": str(tmp / "data"),
-            "DATABASE_URL": database_url,
-            "SECRET_KEY": "benchmark-only-secret-key-" + secrets.token_hex(16),
-            "DEBUG": "0",
-            "LOG_LEVEL": "WARNING",
-        }
-    )
-    os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    call_command("collectstatic", interactive=False, verbosity=0)
-
-
 def make_world(users: int, rows: list[dict]) -> dict:
     """The team, its members (each with a session: the cookie value), a dataset version made by
     the real import path, and some jobs, model versions and endpoints to browse."""
@@ -167,18 +145,14 @@ def make_world(users: int, rows: list[dict]) -> dict:
     from django.contrib.auth.hashers import make_password
     from django.utils.module_loading import import_string
 
-    from console.celery import app
     from console.models import Membership
     from console.roles import Role
-    from console.services import team_create
     from deployment.models import Endpoint as EndpointRow
     from deployment.models import Revision
-    from labeling import services
     from training.models import ModelVersion, TrainingJob
 
     user_model = get_user_model()
-    admin = user_model.objects.create_user("bench-admin", is_staff=True)
-    team = team_create(actor=admin, name=TEAM)
+    admin, team = bench_team("bench-admin")  # the team TEAM
     unusable = make_password(None)  # the users never log in with a password: sessions below
     members = user_model.objects.bulk_create(
         user_model(username=f"user{i:02d}", password=unusable) for i in range(users)
@@ -194,30 +168,8 @@ def make_world(users: int, rows: list[dict]) -> dict:
         session.create()
         sessions.append(session.session_key)
 
-    dataset = services.dataset_create(
-        actor=admin, team=team, name="reviews", task_kind="text_classification", labels=LABELS
-    )
-    raw = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
-    upload = services.upload_create(actor=admin, team=team, filename="r.jsonl", size=len(raw))
-    upload = services.upload_write_chunk(
-        upload=upload, offset=0, stream=io.BytesIO(raw), length=len(raw)
-    )
-    app.conf.task_always_eager = True  # the import only, in this process
-    try:
-        job = services.import_start(
-            actor=admin,
-            dataset=dataset,
-            upload=upload,
-            fmt="jsonl",
-            encoding="utf-8",
-            options={"mapping": {"text": "text", "label": "label"}},
-        )
-    finally:
-        app.conf.task_always_eager = False
-    job.refresh_from_db()
-    if job.status != "succeeded":
-        sys.exit(f"the import failed: {job.error}")
-    version = job.version
+    mapping = {"text": "text", "label": "label"}
+    version = import_version(admin, team, jsonl(rows), "jsonl", mapping)
     jobs = TrainingJob.objects.bulk_create(
         TrainingJob(
             team=team,
@@ -259,7 +211,7 @@ def make_world(users: int, rows: list[dict]) -> dict:
     )
     return {
         "sessions": sessions,
-        "dataset": dataset.pk,
+        "dataset": version.dataset_id,
         "version": version.number,
         "version_pk": version.pk,
         "job": jobs[0].pk,
@@ -302,13 +254,7 @@ class Web:
             time.sleep(0.3)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, timeout=20)
 
 
 def console_routes(world: dict) -> list[tuple[str, str]]:
@@ -448,21 +394,22 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=400, help="training rows")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--export", type=Path, help="an existing export: no training")
-    args = parser.parse_args()
-    if not os.environ.get("LOAD_BENCH_REDIS"):  # again, under a throwaway Redis of its own
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        env["LOAD_BENCH_REDIS"] = "1"
-        embedded = [sys.executable, str(ROOT / "platform" / "embedded_redis.py"), "run", "--"]
-        sys.exit(subprocess.call([*embedded, sys.executable, __file__, *sys.argv[1:]], env=env))
+    # --smoke: a few users and clients for a second, one epoch on a few rows.
+    smoke = {"users": 2, "clients": 2, "seconds": 1.0, "warmup": 0.5, "baseline_seconds": 0.5}
+    args = parse(parser, smoke={**smoke, "submit_every": 3, "rows": 40, "epochs": 1})
+    under_redis("LOAD_BENCH_REDIS")  # the users' jobs stay queued there, seen by no worker
 
-    rows = make_rows(args.rows)
-    texts = [r["text"] for r in make_rows(512, seed=1)]
+    rows = review_rows(args.rows, filler=(18, 58))
+    texts = [r["text"] for r in review_rows(512, seed=1, filler=(18, 58))]
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp_name:
         tmp = Path(tmp_name)
         database_url, drop_database = throwaway_database(tmp)
         web = host = bare = None
         try:
-            setup_django(tmp, database_url)
+            setup_django(tmp, database_url, DEBUG="0")
+            from django.core.management import call_command
+
+            call_command("collectstatic", interactive=False, verbosity=0)
             world = make_world(args.users, rows)
             export = args.export
             if export is None:
@@ -539,20 +486,18 @@ def main() -> None:
         f"console / login page: {console_rps / base_rps:.3f}; "
         f"inference / bare predictor: {inference_rps / bare_rate:.3f}"
     )
-    print(
-        json.dumps(
-            {
-                "console_rps": round(console_rps, 1),
-                "console_p95_ms": p95(console_ms),
-                "inference_rps": round(inference_rps, 1),
-                "inference_p95_ms": p95(predict_ms),
-                "errors": stats.total_errors() + base.total_errors(),
-                "baseline_login_page_rps": round(base_rps, 1),
-                "console_vs_login_page": round(console_rps / base_rps, 3),
-                "baseline_bare_samples_per_s": round(bare_rate, 1),
-                "inference_vs_bare": round(inference_rps / bare_rate, 3),
-            }
-        )
+    print_result(
+        {
+            "console_rps": round(console_rps, 1),
+            "console_p95_ms": p95(console_ms),
+            "inference_rps": round(inference_rps, 1),
+            "inference_p95_ms": p95(predict_ms),
+            "errors": stats.total_errors() + base.total_errors(),
+            "baseline_login_page_rps": round(base_rps, 1),
+            "console_vs_login_page": round(console_rps / base_rps, 3),
+            "baseline_bare_samples_per_s": round(bare_rate, 1),
+            "inference_vs_bare": round(inference_rps / bare_rate, 3),
+        }
     )
 
 

@@ -3,7 +3,7 @@ platform (training_job_submit → Celery → a real train worker → the runner 
 and once by a bare hand-written Paddle loop in a process of its own (same preset, vocabulary,
 encoding, batches, optimizer, seed), and the platform's wait from submit to its first step.
 
-    make bench      # or: .venv/bin/python benchmarks/training.py [--rows N] [--epochs N]
+    make bench      # or: .venv/bin/python benchmarks/training.py [--rows N] [--epochs N] [--smoke]
 
 Samples/s of both sides count the same steps: within each epoch, from the end of its first
 step to the end of its last (the platform's `loss` events, timed by the runner's own clock `t`),
@@ -16,24 +16,34 @@ submit_to_first_step_s.
 """
 
 import argparse
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from _reviews import LABELS, review_rows
-
-ROOT = Path(__file__).resolve().parent.parent
-PRESET = "ernie-micro-char"  # ~0.15 s a step of 16 on a 2-core CPU: ≥ 15 s of steps
-WORKER_QUEUE = "train.cpu"
+from _harness import (
+    PRESET,  # ~0.15 s a step of 16 on a 2-core CPU: ≥ 15 s of steps
+    ROOT,
+    bench_team,
+    import_version,
+    jsonl,
+    parse,
+    print_result,
+    review_rows,
+    runtime_env,
+    runtime_python,
+    setup_django,
+    start_train_worker,
+    stop,
+    under_redis,
+    workspace,
+)
 
 # The bare loop, in the runtime venv (Paddle is only there): argv = root, train.jsonl, config.
 BARE = r"""
@@ -127,62 +137,6 @@ def median_rate(
     return statistics.median(samples / seconds for samples, seconds in rates)
 
 
-def setup_django(tmp: Path) -> None:
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "console.settings",
-            "PLATFORM_DATA_DIR": str(tmp / "data"),
-            "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
-            "SECRET_KEY": "benchmark-only-secret-key-0123456789",
-            "LOG_LEVEL": "WARNING",
-        }
-    )
-    os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)  # the job goes through a real worker
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def import_version(rows: list[dict]):
-    """A dataset version by the real import path (upload, import job, splits 0.8/0.1/0.1),
-    run in this process (eager Celery for the import only)."""
-    from django.contrib.auth import get_user_model
-
-    from console.celery import app
-    from console.services import team_create
-    from labeling import services
-
-    user = get_user_model().objects.create_user("bench", is_staff=True)
-    team = team_create(actor=user, name="bench")
-    dataset = services.dataset_create(
-        actor=user, team=team, name="reviews", task_kind="text_classification", labels=LABELS
-    )
-    raw = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
-    upload = services.upload_create(actor=user, team=team, filename="r.jsonl", size=len(raw))
-    upload = services.upload_write_chunk(
-        upload=upload, offset=0, stream=io.BytesIO(raw), length=len(raw)
-    )
-    app.conf.task_always_eager = True
-    try:
-        job = services.import_start(
-            actor=user,
-            dataset=dataset,
-            upload=upload,
-            fmt="jsonl",
-            encoding="utf-8",
-            options={"mapping": {"text": "text", "label": "label"}},
-        )
-    finally:
-        app.conf.task_always_eager = False
-    job.refresh_from_db()
-    assert job.status == "succeeded", job.error
-    return user, team, job.version
-
-
 def train_lines(version) -> list[bytes]:
     """The version's train split, the lines the runner's data/train.jsonl gets, in its order."""
     from django.core.files.storage import default_storage
@@ -191,60 +145,9 @@ def train_lines(version) -> list[bytes]:
         return [line for line in f if json.loads(line).get("split", "train") == "train"]
 
 
-def start_worker(name: str, log: Path) -> subprocess.Popen:
-    from console.celery import app
-
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "console",
-        "worker",
-        "--queues",
-        WORKER_QUEUE,
-        "--pool",
-        "prefork",
-        "--concurrency",
-        "1",
-        "--hostname",
-        f"{name}@%h",
-        "--loglevel",
-        "WARNING",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, env=os.environ.copy(), stdout=out, stderr=out)
-    deadline = time.monotonic() + 90
-    while True:
-        replies = app.control.ping(timeout=1)
-        if any(n.startswith(name + "@") for reply in replies for n in reply):
-            break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_worker(proc)
-            sys.exit(f"the train worker did not come up; its log:\n{log.read_text()[-3000:]}")
-    others = [
-        worker
-        for worker, queues in (app.control.inspect(timeout=1).active_queues() or {}).items()
-        if not worker.startswith(name + "@") and any(q["name"] == WORKER_QUEUE for q in queues)
-    ]
-    if others:
-        stop_worker(proc)
-        sys.exit(f"other workers consume {WORKER_QUEUE} on this Redis: {', '.join(others)}")
-    return proc
-
-
-def stop_worker(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def run_platform(user, team, version, hp: dict, timeout: float = 1800):
+    from training.jobs import training_job_submit
     from training.models import TrainingJob
-    from training.services import training_job_submit
 
     job = training_job_submit(
         actor=user, team=team, dataset_version=version, preset=PRESET, hyperparameters=hp
@@ -265,14 +168,10 @@ def run_platform(user, team, version, hp: dict, timeout: float = 1800):
 
 def run_bare(train_file: Path, labels: list[str], hp: dict) -> dict:
     config = json.dumps({"labels": labels, "preset": PRESET, "hp": hp}, ensure_ascii=False)
-    python = os.environ.get("TRAINING_PYTHON") or str(ROOT / ".venv-runtime" / "bin" / "python")
-    env = {**os.environ, "USE_TORCH": "0", "USE_TF": "0"}  # as runner_env sets for paddle
-    for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY"):
-        env.pop(var, None)
     out = subprocess.run(
-        [python, "-c", BARE, str(ROOT), str(train_file), config],
+        [runtime_python(), "-c", BARE, str(ROOT), str(train_file), config],
         cwd=ROOT,
-        env=env,
+        env=runtime_env(),  # as runner_env sets for paddle
         capture_output=True,
         text=True,
         check=False,
@@ -287,10 +186,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
-    args = parser.parse_args()
-    if not os.environ.get("REDIS_URL"):  # again, under a throwaway Redis
-        embedded = [sys.executable, str(ROOT / "platform" / "embedded_redis.py"), "run", "--"]
-        sys.exit(subprocess.call([*embedded, sys.executable, __file__, *sys.argv[1:]]))
+    # --smoke: one epoch of three steps (two measured intervals need three loss events).
+    args = parse(parser, smoke={"rows": 60, "epochs": 1})
+    # Under a throwaway Redis of its own: no other train worker takes its job.
+    under_redis("TRAINING_BENCH_REDIS")
     hp: dict[str, Any] = {
         "epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -303,12 +202,14 @@ def main() -> None:
         "early_stopping_patience": 0,
         "checkpoint_steps": 0,  # checkpoints only at epoch ends, outside the measured steps
     }
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp_name:
+    with workspace("bench-train-") as tmp_name:
         tmp = Path(tmp_name)
         setup_django(tmp)
         from runtime.data import steps_per_epoch
 
-        user, team, version = import_version(make_rows(args.rows))
+        user, team = bench_team()
+        mapping = {"text": "text", "label": "label"}
+        version = import_version(user, team, jsonl(make_rows(args.rows)), "jsonl", mapping)
         train_file = tmp / "train.jsonl"
         train_file.write_bytes(b"".join(train_lines(version)))
         n_train = version.split_counts["train"]
@@ -320,12 +221,12 @@ def main() -> None:
             flush=True,
         )
 
-        worker = start_worker(f"bench-train-{os.getpid()}", tmp / "worker.log")
+        worker = start_train_worker(f"bench-{os.getpid()}", tmp / "worker.log")
         try:
             time.sleep(1)  # an idle worker: its pool process forked and waiting
             job = run_platform(user, team, version, hp)
         finally:
-            stop_worker(worker)
+            stop(worker)
         print("  bare loop: training", flush=True)
         bare = run_bare(train_file, list(job.labels), hp)
         report(job, bare, hp, args.rows, n_train, per_epoch)
@@ -397,21 +298,19 @@ def report(job, bare: dict, hp: dict, rows: int, n_train: int, per_epoch: int) -
         f"  the supervisor read loss lines {sum(read_lag) / len(read_lag):.2f} s after they "
         f"were written on average, {max(read_lag):.2f} s at most"
     )
-    print(
-        json.dumps(
-            {
-                "rows": rows,
-                "train_rows": n_train,
-                "steps": sum(b - a for a, b in spans),
-                "build_s": round(build_s, 3),
-                "submit_to_first_step_raw_s": round(raw_s, 3),
-                "median_interval_ratio": round(median_ratio, 3),
-                "platform_samples_per_s": round(platform_rate, 2),
-                "bare_samples_per_s": round(bare_rate, 2),
-                "ratio": round(ratio, 3),
-                "submit_to_first_step_s": round(submit_s, 3),
-            }
-        )
+    print_result(
+        {
+            "rows": rows,
+            "train_rows": n_train,
+            "steps": sum(b - a for a, b in spans),
+            "build_s": round(build_s, 3),
+            "submit_to_first_step_raw_s": round(raw_s, 3),
+            "median_interval_ratio": round(median_ratio, 3),
+            "platform_samples_per_s": round(platform_rate, 2),
+            "bare_samples_per_s": round(bare_rate, 2),
+            "ratio": round(ratio, 3),
+            "submit_to_first_step_s": round(submit_s, 3),
+        }
     )
 
 

@@ -8,6 +8,7 @@ from rest_framework import generics, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
 from console import health, lockout, selectors, services
@@ -60,6 +61,26 @@ def _is_unique_violation(exc: IntegrityError) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == "23505" or "UNIQUE constraint" in str(exc)
 
 
+def validated(serializer_class: type[Serializer], request: Request) -> dict:
+    """The request's body as ``serializer_class`` validates it (a 400 with its errors if not)."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+def created(serializer_class: type[Serializer], instance: object) -> Response:
+    """A 201 answering ``instance`` through ``serializer_class``."""
+    return Response(serializer_class(instance).data, status=status.HTTP_201_CREATED)
+
+
+# A view of the API under /teams/<team>/ (every app's): TeamPermission finds the team
+# (request.team, request.membership) and checks the caller's role against the view's
+# read_permission and write_permission. (A comment, not a docstring: drf-spectacular would
+# describe every operation of every subclass with it.)
+class TeamAPIView(APIView):
+    permission_classes = [TeamPermission]
+
+
 class MeView(APIView):
     @extend_schema(responses=UserSerializer)
     def get(self, request: Request) -> Response:
@@ -92,9 +113,7 @@ class TokenListCreate(generics.ListCreateAPIView):
 
     @extend_schema(request=ApiTokenSerializer, responses={201: NewApiTokenSerializer})
     def post(self, request: Request) -> Response:
-        serializer = ApiTokenSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(ApiTokenSerializer, request)
         token, key = service_call(
             services.api_token_create,
             actor=request.user,
@@ -104,7 +123,7 @@ class TokenListCreate(generics.ListCreateAPIView):
             via_token=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         token.key = key
-        return Response(NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+        return created(NewApiTokenSerializer, token)
 
 
 class TokenRevoke(APIView):
@@ -135,17 +154,14 @@ class TeamListCreate(generics.ListCreateAPIView):
         serializer.instance = team
 
 
-class TeamDetail(APIView):
-    permission_classes = [TeamPermission]
-
+class TeamDetail(TeamAPIView):
     @extend_schema(responses=TeamSerializer)
     def get(self, request: Request, team: str) -> Response:
         roles = {request.team.pk: request.membership.role}
         return Response(TeamSerializer(request.team, context={"roles": roles}).data)
 
 
-class MemberListCreate(PaginatedList, APIView):
-    permission_classes = [TeamPermission]
+class MemberListCreate(PaginatedList, TeamAPIView):
     write_permission = Perm.TEAM_MANAGE
 
     @extend_schema(responses=MembershipSerializer(many=True))
@@ -155,19 +171,17 @@ class MemberListCreate(PaginatedList, APIView):
 
     @extend_schema(request=InviteSerializer, responses={201: MembershipSerializer})
     def post(self, request: Request, team: str) -> Response:
-        serializer = InviteSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(InviteSerializer, request)
         membership = service_call(
             services.membership_add,
             actor=request.user,
             team=request.team,
-            **serializer.validated_data,
+            **data,
         )
-        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+        return created(MembershipSerializer, membership)
 
 
-class MemberDetail(APIView):
-    permission_classes = [TeamPermission]
+class MemberDetail(TeamAPIView):
     write_permission = Perm.TEAM_MANAGE
 
     @extend_schema(responses=MembershipSerializer)
@@ -178,13 +192,12 @@ class MemberDetail(APIView):
     @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
     def patch(self, request: Request, team: str, membership_id: int) -> Response:
         membership = selectors.team_membership_get(request.team, membership_id)
-        serializer = RoleSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(RoleSerializer, request)
         membership = service_call(
             services.membership_change_role,
             actor=request.user,
             membership=membership,
-            role=serializer.validated_data["role"],
+            role=data["role"],
         )
         return Response(MembershipSerializer(membership).data)
 
@@ -252,13 +265,12 @@ class UserActive(APIView):
     @extend_schema(request=AccountActiveSerializer, responses={200: AccountActiveSerializer})
     def post(self, request: Request, user_id: int) -> Response:
         account = selectors.account_get(user_id)
-        serializer = AccountActiveSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(AccountActiveSerializer, request)
         account = service_call(
             services.user_set_active,
             actor=request.user,
             user=account,
-            active=serializer.validated_data["is_active"],
+            active=data["is_active"],
         )
         return Response(AccountActiveSerializer(account).data)
 

@@ -10,6 +10,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from console.hardware import train_queues
+from runtime.env import env_bool, env_str
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -57,7 +58,7 @@ _node_beating = threading.Event()
 
 @worker_ready.connect
 def _start_node_heartbeat(**_kwargs) -> None:
-    if not os.environ.get("PLATFORM_TRAIN_WORKER"):
+    if not env_bool("PLATFORM_TRAIN_WORKER", False):
         return
     from django.conf import settings
     from django.db import close_old_connections
@@ -65,7 +66,7 @@ def _start_node_heartbeat(**_kwargs) -> None:
     from console.hardware import NodeDevice
     from console.services import node_beat, node_redetect
 
-    registration = json.loads(os.environ.get("PLATFORM_NODE_REGISTRATION") or "{}")
+    registration = json.loads(env_str("PLATFORM_NODE_REGISTRATION", "{}"))
     devices = [NodeDevice(**d) for d in registration.get("devices", [])]
     simulated, address = registration.get("simulated", False), registration.get("address", "")
 
@@ -90,7 +91,7 @@ def _start_node_heartbeat(**_kwargs) -> None:
 
 @worker_shutdown.connect
 def _stop_node_heartbeat(**_kwargs) -> None:
-    if not os.environ.get("PLATFORM_TRAIN_WORKER"):
+    if not env_bool("PLATFORM_TRAIN_WORKER", False):
         return
     from django.conf import settings
 

@@ -25,6 +25,20 @@ class Team(models.Model):
         return self.name
 
 
+class Created(models.Model):
+    """Who created an object (empty once their account is deleted) and when: the teams'
+    objects have both. (Each keeps its own ``team`` key: an abstract key's related_name
+    "%(class)ss" would deconstruct as such and alter every model's field in a migration.)"""
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
 class Membership(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(

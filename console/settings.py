@@ -4,32 +4,51 @@ Defaults run the whole platform on one machine with nothing configured: SQLite a
 ``var/``, and an embedded Redis on a loopback port (started by ``make run``).
 """
 
-import os
+import functools
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from runtime import env
+
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Not upper-case: Django would take them for settings.
+_Args = ParamSpec("_Args")
+_Value = TypeVar("_Value")
 
 
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+def _improperly_configured(read: Callable[_Args, _Value]) -> Callable[_Args, _Value]:
+    """``read``, with a bad value refused as Django refuses a setting (the message names the
+    variable and the value)."""
+
+    @functools.wraps(read)
+    def wrapped(*args: _Args.args, **kwargs: _Args.kwargs) -> _Value:
+        try:
+            return read(*args, **kwargs)
+        except env.EnvError as exc:
+            raise ImproperlyConfigured(f"environment variable {exc}") from None
+
+    return wrapped
 
 
-def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+# Every variable below is read through these (runtime/env.py) and listed in the README's table.
+env_str = _improperly_configured(env.env_str)
+env_int = _improperly_configured(env.env_int)
+env_float = _improperly_configured(env.env_float)
+env_bool = _improperly_configured(env.env_bool)
+env_list = _improperly_configured(env.env_list)
+env_path = _improperly_configured(env.env_path)
 
 
 # The insecure default only serves DEBUG; without DEBUG the platform refuses to start with it.
 DEFAULT_SECRET_KEY = "insecure-default-key-for-debug-only"  # noqa: S105
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY") or DEFAULT_SECRET_KEY
+SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 
 if not DEBUG:
@@ -55,7 +74,7 @@ if BEHIND_TLS_PROXY:
 # them (console.middleware.request_ip). Behind platform/nginx/ on the same machine: loopback.
 TRUSTED_PROXIES = env_list("PLATFORM_TRUSTED_PROXIES", "127.0.0.1,::1" if BEHIND_TLS_PROXY else "")
 
-DATA_DIR = Path(os.environ.get("PLATFORM_DATA_DIR") or BASE_DIR / "var").resolve()
+DATA_DIR = env_path("PLATFORM_DATA_DIR", BASE_DIR / "var").resolve()
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -114,7 +133,7 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'platform.sqlite3'}",
+        env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'platform.sqlite3'}"),
         conn_max_age=60,
         # A kept connection is checked before a request uses it: after the database restarted,
         # the first request reconnects instead of failing.
@@ -142,8 +161,8 @@ AUTHENTICATION_BACKENDS = [
     "console.lockout.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-LOGIN_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
-LOGIN_LOCKOUT_MINUTES = float(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15"))
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, min=1)
+LOGIN_LOCKOUT_MINUTES = env_float("LOGIN_LOCKOUT_MINUTES", 15.0, min=0)
 AXES_FAILURE_LIMIT = "console.lockout.failure_limit"
 AXES_COOLOFF_TIME = "console.lockout.cool_off"
 AXES_LOCKOUT_PARAMETERS = "console.lockout.lockout_parameters"
@@ -180,37 +199,43 @@ MEDIA_ROOT = DATA_DIR / "media"
 # Files of the platform (dataset versions, reports, originals) go through Django's storage API:
 # the filesystem under PLATFORM_DATA_DIR by default, an S3-compatible store (MinIO…) with
 # STORAGE_BACKEND=s3 and the AWS_* variables of django-storages.
-if os.environ.get("STORAGE_BACKEND", "filesystem") == "s3":
+STORAGE_BACKEND = env_str("STORAGE_BACKEND", "filesystem")
+if STORAGE_BACKEND not in {"filesystem", "s3"}:
+    raise ImproperlyConfigured(
+        f"environment variable STORAGE_BACKEND={STORAGE_BACKEND!r}: set it to filesystem or s3."
+    )
+if STORAGE_BACKEND == "s3":
     STORAGES["default"] = {
         "BACKEND": "storages.backends.s3.S3Storage",
         "OPTIONS": {
-            "bucket_name": os.environ["AWS_STORAGE_BUCKET_NAME"],
-            "endpoint_url": os.environ.get("AWS_S3_ENDPOINT_URL"),
-            "access_key": os.environ.get("AWS_ACCESS_KEY_ID"),
-            "secret_key": os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            "bucket_name": env_str("AWS_STORAGE_BUCKET_NAME", required=True),
+            # None, not "": django-storages then looks for them as boto3 does.
+            "endpoint_url": env_str("AWS_S3_ENDPOINT_URL") or None,
+            "access_key": env_str("AWS_ACCESS_KEY_ID") or None,
+            "secret_key": env_str("AWS_SECRET_ACCESS_KEY") or None,
             "file_overwrite": False,
         },
     }
 
 # Chunked, resumable uploads: chunks land in a local staging directory (shared between web
 # processes of one machine) until the file is complete, then move into storage.
-UPLOAD_STAGING_DIR = Path(os.environ.get("PLATFORM_UPLOAD_DIR") or DATA_DIR / "uploads")
-UPLOAD_MAX_BYTES = int(float(os.environ.get("PLATFORM_UPLOAD_MAX_MB", "2048")) * 1024 * 1024)
+UPLOAD_STAGING_DIR = env_path("PLATFORM_UPLOAD_DIR", DATA_DIR / "uploads")
+UPLOAD_MAX_BYTES = int(env_float("PLATFORM_UPLOAD_MAX_MB", 2048, min=0) * 1024 * 1024)
 UPLOAD_CHUNK_BYTES = 4 * 1024 * 1024
 # An upload not completed, or completed and never imported, is deleted (file and row) this many
 # hours after it began (beat: labeling.tasks.expire_uploads).
-UPLOAD_EXPIRY_HOURS = float(os.environ.get("UPLOAD_EXPIRY_HOURS", "24"))
+UPLOAD_EXPIRY_HOURS = env_float("UPLOAD_EXPIRY_HOURS", 24.0, min=0)
 # What a team may keep in the platform's storage (uploads, its base models, model versions), in
 # GB; a team's own quota (Team.storage_quota_gb) overrides it. 0: no limit.
-TEAM_STORAGE_QUOTA_GB = float(os.environ.get("TEAM_STORAGE_QUOTA_GB", "500"))
+TEAM_STORAGE_QUOTA_GB = env_float("TEAM_STORAGE_QUOTA_GB", 500.0, min=0)
 # XLSX is a zip of XML: a few kilobytes can expand to gigabytes (a zip bomb). Before openpyxl
 # reads a workbook, a member that expands more than XLSX_MAX_COMPRESSION_RATIO times (above
 # 100 KiB; Apache POI's ZipSecureFile default, a minimum inflate ratio of 0.01) or members that
 # expand to more than XLSX_MAX_UNCOMPRESSED_BYTES together refuse the file. Real sheets of text
 # compress 5 to 20 times.
-XLSX_MAX_COMPRESSION_RATIO = int(os.environ.get("PLATFORM_XLSX_MAX_COMPRESSION_RATIO", "100"))
+XLSX_MAX_COMPRESSION_RATIO = env_int("PLATFORM_XLSX_MAX_COMPRESSION_RATIO", 100, min=1)
 XLSX_MAX_UNCOMPRESSED_BYTES = int(
-    float(os.environ.get("PLATFORM_XLSX_MAX_UNCOMPRESSED_MB", "4096")) * 1024 * 1024
+    env_float("PLATFORM_XLSX_MAX_UNCOMPRESSED_MB", 4096, min=0) * 1024 * 1024
 )
 # Serve straight from the apps' static folders when collectstatic has not run (tests, DEBUG).
 WHITENOISE_USE_FINDERS = True
@@ -230,8 +255,8 @@ X_FRAME_OPTIONS = "DENY"
 # -- Redis and Celery ------------------------------------------------------------------------
 
 # The embedded Redis of `make run` listens here when REDIS_URL is not set.
-EMBEDDED_REDIS_PORT = int(os.environ.get("PLATFORM_REDIS_PORT", "6380"))
-REDIS_URL = os.environ.get("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+EMBEDDED_REDIS_PORT = env_int("PLATFORM_REDIS_PORT", 6380, min=1, max=65535)
+REDIS_URL = env_str("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
@@ -262,101 +287,95 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # This node's name in the registry (default: the host name); a train worker registers it with
 # its devices (`manage.py train_worker`) and beats every NODE_HEARTBEAT_S seconds.
-NODE_NAME = os.environ.get("PLATFORM_NODE_NAME") or socket.gethostname()
+NODE_NAME = env_str("PLATFORM_NODE_NAME") or socket.gethostname()
 # Declared devices instead of detected ones, e.g. `npu:2` or `cpu:1,gpu:4`: a simulated node
 # whose jobs run on the CPU underneath (tests, demonstrations). Empty: detect.
-NODE_DEVICES = os.environ.get("PLATFORM_DEVICES", "")
+NODE_DEVICES = env_str("PLATFORM_DEVICES")
 # Where the other nodes reach this one: the rendezvous of a job that spans several nodes.
-NODE_ADDRESS = os.environ.get("PLATFORM_NODE_ADDRESS", "")
+NODE_ADDRESS = env_str("PLATFORM_NODE_ADDRESS")
 # CPU jobs one node runs at once (its CPU "slots") when devices are detected.
-NODE_CPU_SLOTS = int(os.environ.get("PLATFORM_CPU_SLOTS", "1"))
-NODE_HEARTBEAT_S = float(os.environ.get("PLATFORM_NODE_HEARTBEAT_S", "15"))
+NODE_CPU_SLOTS = env_int("PLATFORM_CPU_SLOTS", 1, min=1)
+NODE_HEARTBEAT_S = env_float("PLATFORM_NODE_HEARTBEAT_S", 15.0, min=0.1)
 # The worker detects its devices again this often (a card that failed or came back); 0: never.
-NODE_REDETECT_S = float(os.environ.get("PLATFORM_NODE_REDETECT_S", "600"))
+NODE_REDETECT_S = env_float("PLATFORM_NODE_REDETECT_S", 600.0, min=0)
 # A node that has not beaten for this long is shown as stopped; its jobs wait for others.
-NODE_STALE_S = float(os.environ.get("PLATFORM_NODE_STALE_S", "60"))
+NODE_STALE_S = env_float("PLATFORM_NODE_STALE_S", 60.0, min=0)
 
 # -- Training --------------------------------------------------------------------------------
 
 # The job runner runs in its own venv (Paddle and torch need numpy 1.x; the console's Label
 # Studio SDK needs numpy 2): `make run` and `make test` install it into .venv-runtime.
-TRAINING_PYTHON = os.environ.get("TRAINING_PYTHON") or str(BASE_DIR / ".venv-runtime/bin/python")
+TRAINING_PYTHON = env_str("TRAINING_PYTHON", str(BASE_DIR / ".venv-runtime/bin/python"))
 # Where the platform runs as root, job runners (and the serving host's predictors, which read
 # the same variable) run as this unprivileged user; empty: model-platform-runner if the machine
 # has it, else nobody (runtime/sandbox.py). Not root: they run as the platform's own user.
-PLATFORM_RUNNER_USER = os.environ.get("PLATFORM_RUNNER_USER", "")
+PLATFORM_RUNNER_USER = env_str("PLATFORM_RUNNER_USER")
 # Each job attempt (and each revision on the serving host, which reads the same variable) runs
 # as a uid of its own from this base on (16.8M uids, no passwd entry needed), in
 # PLATFORM_RUNNER_USER's group; empty or 0: all run as PLATFORM_RUNNER_USER (weaker).
-PLATFORM_RUNNER_UID_BASE = int(os.environ.get("PLATFORM_RUNNER_UID_BASE", "200000") or 0)
+PLATFORM_RUNNER_UID_BASE = env_int("PLATFORM_RUNNER_UID_BASE", 200000, min=0, empty=0)
 # Work directories of jobs (data, checkpoints, exports): local or shared (NFS) disk.
-TRAINING_WORK_DIR = Path(os.environ.get("TRAINING_WORK_DIR") or DATA_DIR / "training")
+TRAINING_WORK_DIR = env_path("TRAINING_WORK_DIR", DATA_DIR / "training")
 # Jobs of one team that may run at once, whatever the number of workers.
-TRAINING_TEAM_CONCURRENCY = int(os.environ.get("TRAINING_TEAM_CONCURRENCY", "2"))
+TRAINING_TEAM_CONCURRENCY = env_int("TRAINING_TEAM_CONCURRENCY", 2, min=1)
 # Jobs one user may have queued or running at once, over all their teams (a user in several
 # teams does not get several teams' share); a job beyond it is refused at submission.
-TRAINING_MAX_CONCURRENT_PER_USER = int(os.environ.get("TRAINING_MAX_CONCURRENT_PER_USER", "4"))
+TRAINING_MAX_CONCURRENT_PER_USER = env_int("TRAINING_MAX_CONCURRENT_PER_USER", 4, min=1)
 # The longest a job may run, in hours from its start: its worker stops it and fails it past
 # that. A job may ask for less (max_hours), not more.
-TRAINING_MAX_HOURS = float(os.environ.get("TRAINING_MAX_HOURS", "72"))
+TRAINING_MAX_HOURS = env_float("TRAINING_MAX_HOURS", 72.0, min=0)
 # A job whose worker was lost this many times fails instead of starting again.
-TRAINING_MAX_ATTEMPTS = int(os.environ.get("TRAINING_MAX_ATTEMPTS", "3"))
+TRAINING_MAX_ATTEMPTS = env_int("TRAINING_MAX_ATTEMPTS", 3, min=1)
 # A job that spans nodes fails when its parts have not met (and started training) this soon.
-TRAINING_RENDEZVOUS_TIMEOUT_S = int(os.environ.get("TRAINING_RENDEZVOUS_TIMEOUT_S", "300"))
+TRAINING_RENDEZVOUS_TIMEOUT_S = env_int("TRAINING_RENDEZVOUS_TIMEOUT_S", 300, min=1)
 # Base models are imported from directories or archives under this directory of the server
 # (and from archives uploaded through the console).
-MODEL_IMPORT_DIR = Path(os.environ.get("PLATFORM_MODEL_IMPORT_DIR") or DATA_DIR / "imports")
+MODEL_IMPORT_DIR = env_path("PLATFORM_MODEL_IMPORT_DIR", DATA_DIR / "imports")
 # Model archives (base models, model versions) are refused before extraction when they hold
 # more members than this, expand past this size in all, or expand more than this many times
 # their packed size (zip bombs); weights compress little, so real archives stay far below.
-ARCHIVE_MAX_MEMBERS = int(os.environ.get("PLATFORM_ARCHIVE_MAX_MEMBERS", "10000"))
+ARCHIVE_MAX_MEMBERS = env_int("PLATFORM_ARCHIVE_MAX_MEMBERS", 10000, min=1)
 ARCHIVE_MAX_UNCOMPRESSED_BYTES = int(
-    float(os.environ.get("PLATFORM_ARCHIVE_MAX_UNCOMPRESSED_MB", "262144")) * 1024 * 1024
+    env_float("PLATFORM_ARCHIVE_MAX_UNCOMPRESSED_MB", 262144, min=0) * 1024 * 1024
 )
-ARCHIVE_MAX_COMPRESSION_RATIO = int(os.environ.get("PLATFORM_ARCHIVE_MAX_COMPRESSION_RATIO", "100"))
+ARCHIVE_MAX_COMPRESSION_RATIO = env_int("PLATFORM_ARCHIVE_MAX_COMPRESSION_RATIO", 100, min=1)
 
 # -- Deployment ------------------------------------------------------------------------------
 
 # The serving hosts (python -m serving, one per node) the reconciler keeps in step
 # with the endpoints in the database, and the secret of their management API. `make run`
 # starts one on SERVING_PORT and generates the secret once (var/serving_secret).
-SERVING_PORT = int(os.environ.get("SERVING_PORT", "8300"))
+SERVING_PORT = env_int("SERVING_PORT", 8300, min=1, max=65535)
 SERVING_HOSTS = [
-    url.strip().rstrip("/")
-    for url in os.environ.get("SERVING_HOSTS", f"http://127.0.0.1:{SERVING_PORT}").split(",")
-    if url.strip()
+    url.rstrip("/") for url in env_list("SERVING_HOSTS", f"http://127.0.0.1:{SERVING_PORT}")
 ]
-SERVING_SECRET = os.environ.get("SERVING_SECRET", "")
+SERVING_SECRET = env_str("SERVING_SECRET")
 # Where applications call endpoints (a load balancer in front of several hosts).
-SERVING_PUBLIC_URL = (os.environ.get("SERVING_PUBLIC_URL") or SERVING_HOSTS[0]).rstrip("/")
+SERVING_PUBLIC_URL = env_str("SERVING_PUBLIC_URL", SERVING_HOSTS[0]).rstrip("/")
 # Endpoints' request metrics are kept this many days.
-SERVING_METRICS_RETENTION_DAYS = int(os.environ.get("SERVING_METRICS_RETENTION_DAYS", "30"))
+SERVING_METRICS_RETENTION_DAYS = env_int("SERVING_METRICS_RETENTION_DAYS", 30, min=1)
 # Local copies of exports for hosts on this machine when storage is not a filesystem (S3).
-SERVING_CACHE_DIR = Path(os.environ.get("SERVING_CACHE_DIR") or DATA_DIR / "serving")
+SERVING_CACHE_DIR = env_path("SERVING_CACHE_DIR", DATA_DIR / "serving")
 
 # -- Label Studio --------------------------------------------------------------------------
 
 # The Label Studio server and the platform's token for it: given, or the one `make run` starts
 # (its token is written to the token file once Label Studio is up).
-LABEL_STUDIO_URL = os.environ.get("LABEL_STUDIO_URL", "").rstrip("/")
-LABEL_STUDIO_TOKEN = os.environ.get("LABEL_STUDIO_TOKEN", "")
+LABEL_STUDIO_URL = env_str("LABEL_STUDIO_URL").rstrip("/")
+LABEL_STUDIO_TOKEN = env_str("LABEL_STUDIO_TOKEN")
 # Annotators' Label Studio accounts are u<id>@ this domain.
-LABEL_STUDIO_ACCOUNT_DOMAIN = os.environ.get(
-    "LABEL_STUDIO_ACCOUNT_DOMAIN", "annotators.platform.local"
-)
+LABEL_STUDIO_ACCOUNT_DOMAIN = env_str("LABEL_STUDIO_ACCOUNT_DOMAIN", "annotators.platform.local")
 # The platform's own URL as Label Studio reaches it, for webhooks.
-PLATFORM_URL = os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
-LABEL_STUDIO_TOKEN_FILE = Path(
-    os.environ.get("LABEL_STUDIO_TOKEN_FILE") or DATA_DIR / "label-studio" / "platform-token"
+PLATFORM_URL = env_str("PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
+LABEL_STUDIO_TOKEN_FILE = env_path(
+    "LABEL_STUDIO_TOKEN_FILE", DATA_DIR / "label-studio" / "platform-token"
 )
 # Teams' organisations and annotators' accounts are managed through Label Studio's own Django
 # (platform/label_studio_ext/platform_ls/manage.py): by default run here with Label Studio's
 # venv on its data directory; for a Label Studio on another host, a command that runs
 # `python -m platform_ls.manage` there (e.g. over ssh), reading JSON on stdin.
-LABEL_STUDIO_DATA_DIR = Path(
-    os.environ.get("LABEL_STUDIO_DATA_DIR") or DATA_DIR / "label-studio"
-).resolve()
-LABEL_STUDIO_ADMIN_COMMAND = os.environ.get("LABEL_STUDIO_ADMIN_COMMAND", "")
+LABEL_STUDIO_DATA_DIR = env_path("LABEL_STUDIO_DATA_DIR", DATA_DIR / "label-studio").resolve()
+LABEL_STUDIO_ADMIN_COMMAND = env_str("LABEL_STUDIO_ADMIN_COMMAND")
 
 # -- REST API --------------------------------------------------------------------------------
 
@@ -375,11 +394,11 @@ REST_FRAMEWORK = {
 # ("never" included, explicitly). 90 days: a token forgotten in a script or a CI secret stops
 # working within a quarter, the rotation period most enterprise security policies ask for,
 # while a token in daily use is renewed rarely. 0 makes "never" the default.
-API_TOKEN_DEFAULT_DAYS = int(os.environ.get("API_TOKEN_DEFAULT_DAYS", "90"))
+API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90, min=0)
 # The choices offered at creation, in days.
 API_TOKEN_EXPIRY_CHOICES_DAYS = (7, 30, 90, 365)
 # Who may create teams: "staff" (site administrators) or "any" (every signed-in account).
-PLATFORM_TEAM_CREATION = os.environ.get("PLATFORM_TEAM_CREATION", "staff").strip().lower()
+PLATFORM_TEAM_CREATION = env_str("PLATFORM_TEAM_CREATION", "staff").strip().lower()
 if PLATFORM_TEAM_CREATION not in {"staff", "any"}:
     raise ImproperlyConfigured(
         f"PLATFORM_TEAM_CREATION is {PLATFORM_TEAM_CREATION!r}: set it to staff or any."
@@ -405,7 +424,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
     # django-axes logs every login at INFO; its failures and lockouts are warnings.
     "loggers": {"axes": {"level": "WARNING"}},
 }

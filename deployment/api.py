@@ -7,14 +7,23 @@ from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from console.api import service_call
+from console.api import TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
-from console.permissions import TeamPermission
 from console.roles import Perm
-from deployment import selectors, services
-from deployment.hosts import HostError
+from deployment import selectors
+from deployment.hosts import HostError, endpoint_chat, endpoint_predict
+from deployment.keys import endpoint_key_create, endpoint_key_revoke
+from deployment.metrics import metrics_collect
+from deployment.preannotate import preannotate_start
+from deployment.rollout import (
+    endpoint_delete,
+    endpoint_deploy,
+    endpoint_rollback,
+    revision_add,
+    revision_promote,
+    revision_set_weight,
+)
 from deployment.serializers import (
     CanarySerializer,
     ChatSerializer,
@@ -30,12 +39,11 @@ from deployment.serializers import (
     WeightSerializer,
 )
 from labeling.selectors import labeling_project_get
-from runtime.data import OBJECTIVES
+from runtime.kinds import GENERATIVE_KINDS
 from training.selectors import model_version_get
 
 
-class DeploymentAPIView(APIView):
-    permission_classes = [TeamPermission]
+class DeploymentAPIView(TeamAPIView):
     write_permission = Perm.DEPLOYMENT_WRITE
 
     def endpoint(self):
@@ -59,12 +67,10 @@ class EndpointListCreate(PaginatedList, DeploymentAPIView):
 
     @extend_schema(request=DeploySerializer, responses={201: EndpointDetailSerializer})
     def post(self, request: Request, team: str) -> Response:
-        serializer = DeploySerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
+        data = validated(DeploySerializer, request)
         version = model_version_get(request.team, data.pop("model_version"))
         endpoint = service_call(
-            services.endpoint_deploy,
+            endpoint_deploy,
             actor=request.user,
             team=request.team,
             model_version=version,
@@ -79,7 +85,7 @@ class EndpointDetail(DeploymentAPIView):
         return Response(endpoint_detail(self.endpoint()))
 
     def delete(self, request: Request, team: str, endpoint_id: int) -> Response:
-        service_call(services.endpoint_delete, actor=request.user, endpoint=self.endpoint())
+        service_call(endpoint_delete, actor=request.user, endpoint=self.endpoint())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -87,18 +93,16 @@ class RevisionCreate(DeploymentAPIView):
     @extend_schema(request=CanarySerializer, responses={201: RevisionSerializer})
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
-        serializer = CanarySerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
+        data = validated(CanarySerializer, request)
         version = model_version_get(request.team, data.pop("model_version"))
         revision = service_call(
-            services.revision_add,
+            revision_add,
             actor=request.user,
             endpoint=endpoint,
             model_version=version,
             **data,
         )
-        return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
+        return created(RevisionSerializer, revision)
 
 
 class RevisionDetail(DeploymentAPIView):
@@ -109,13 +113,12 @@ class RevisionDetail(DeploymentAPIView):
     @extend_schema(request=WeightSerializer, responses=RevisionSerializer)
     def patch(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
         revision = self.revision()
-        serializer = WeightSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(WeightSerializer, request)
         revision = service_call(
-            services.revision_set_weight,
+            revision_set_weight,
             actor=request.user,
             revision=revision,
-            weight=serializer.validated_data["weight"],
+            weight=data["weight"],
         )
         return Response(RevisionSerializer(revision).data)
 
@@ -124,7 +127,7 @@ class RevisionPromote(DeploymentAPIView):
     @extend_schema(request=None, responses=EndpointDetailSerializer)
     def post(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
         revision = self.revision()
-        service_call(services.revision_promote, actor=request.user, revision=revision)
+        service_call(revision_promote, actor=request.user, revision=revision)
         return Response(endpoint_detail(self.endpoint()))
 
 
@@ -132,7 +135,7 @@ class EndpointRollback(DeploymentAPIView):
     @extend_schema(request=None, responses=EndpointDetailSerializer)
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
-        service_call(services.endpoint_rollback, actor=request.user, endpoint=endpoint)
+        service_call(endpoint_rollback, actor=request.user, endpoint=endpoint)
         return Response(endpoint_detail(self.endpoint()))
 
 
@@ -145,23 +148,22 @@ class KeyListCreate(PaginatedList, DeploymentAPIView):
     @extend_schema(request=KeyCreateSerializer, responses={201: KeyCreatedSerializer})
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
-        serializer = KeyCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(KeyCreateSerializer, request)
         key, plain = service_call(
-            services.endpoint_key_create,
+            endpoint_key_create,
             actor=request.user,
             endpoint=endpoint,
-            **serializer.validated_data,
+            **data,
         )
         key.key = plain
-        return Response(KeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)
+        return created(KeyCreatedSerializer, key)
 
 
 class KeyRevoke(DeploymentAPIView):
     @extend_schema(request=None, responses=KeySerializer)
     def post(self, request: Request, team: str, endpoint_id: int, endpoint_key_id: int):
         key = selectors.endpoint_key_get(self.endpoint(), endpoint_key_id)
-        key = service_call(services.endpoint_key_revoke, actor=request.user, key=key)
+        key = service_call(endpoint_key_revoke, actor=request.user, key=key)
         return Response(KeySerializer(key).data)
 
 
@@ -175,7 +177,7 @@ class EndpointMetrics(DeploymentAPIView):
         minutes = request.query_params.get("minutes", "60")
         minutes = min(1440, max(1, int(minutes))) if minutes.isdigit() else 60
         # Charts are fresh: scrape the hosts unless that was done in the last seconds.
-        services.metrics_collect(max_age_s=2.0)
+        metrics_collect(max_age_s=2.0)
         return Response(selectors.endpoint_metrics(endpoint, minutes=minutes))
 
 
@@ -197,10 +199,9 @@ class EndpointPredict(DeploymentAPIView):
     )
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
-        serializer = PredictSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(PredictSerializer, request)
         try:
-            code, body = services.endpoint_predict(endpoint=endpoint, **serializer.validated_data)
+            code, body = endpoint_predict(endpoint=endpoint, **data)
         except HostError as exc:
             code, body = 503, {"error": {"code": "unreachable", "message": str(exc)}}
         return Response(body, status=code)
@@ -213,14 +214,13 @@ class EndpointChat(DeploymentAPIView):
     @extend_schema(request=ChatSerializer, responses={(200, "text/event-stream"): OpenApiTypes.STR})
     def post(self, request: Request, team: str, endpoint_id: int) -> StreamingHttpResponse:
         endpoint = self.endpoint()
-        serializer = ChatSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        if endpoint.task_kind not in OBJECTIVES:
+        data = validated(ChatSerializer, request)
+        if endpoint.task_kind not in GENERATIVE_KINDS:
             raise ValidationError(
                 {"detail": _("%(name)s is not a generative model.") % {"name": endpoint.name}}
             )
         response = StreamingHttpResponse(
-            services.endpoint_chat(endpoint=endpoint, body=serializer.validated_data),
+            endpoint_chat(endpoint=endpoint, body=data),
             content_type="text/event-stream",
         )
         response["Cache-Control"] = "no-cache"
@@ -234,10 +234,7 @@ class Preannotate(DeploymentAPIView):
     @extend_schema(request=PreannotateSerializer, responses={202: None})
     def post(self, request: Request, team: str, project_id: int) -> Response:
         project = labeling_project_get(request.team, project_id)
-        serializer = PreannotateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        endpoint = selectors.endpoint_get(request.team, serializer.validated_data["endpoint"])
-        service_call(
-            services.preannotate_start, actor=request.user, project=project, endpoint=endpoint
-        )
+        data = validated(PreannotateSerializer, request)
+        endpoint = selectors.endpoint_get(request.team, data["endpoint"])
+        service_call(preannotate_start, actor=request.user, project=project, endpoint=endpoint)
         return Response(status=status.HTTP_202_ACCEPTED)

@@ -8,7 +8,7 @@ class DeploymentConfig(AppConfig):
     console_nav = [("deployment:endpoints", _("Endpoints"))]
 
     def ready(self) -> None:
-        from deployment.services import refuse_deleting_served_version
-        from training.services import model_version_delete_checks
+        from deployment.rollout import refuse_deleting_served_version
+        from training.registry import model_version_delete_checks
 
         model_version_delete_checks.append(refuse_deleting_served_version)

@@ -1,14 +1,19 @@
-"""The platform's client of a serving host's APIs (``serving/app.py``): the
-management API with the shared secret, the inference API with the platform's own key of each
-endpoint (the secret is no key of the inference API)."""
+"""The platform's client of a serving host's APIs (``serving/``): the management API with the
+shared secret, the inference API with the platform's own key of each endpoint (the secret is no
+key of the inference API); and the platform's own calls to an endpoint (the console's try-it box
+and playground, pre-annotation), answered by the first serving host that is reachable."""
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import requests
 from django.conf import settings
+from django.utils.translation import gettext as _
+
+from deployment.models import Endpoint
 
 
 class HostError(Exception):
@@ -118,3 +123,39 @@ class HostClient:
             return
         with response:
             yield from response.iter_content(chunk_size=None)
+
+
+# -- calling an endpoint as the platform -------------------------------------------------------
+
+
+def endpoint_predict(*, endpoint: Endpoint, inputs: list, top_k: int = 5) -> tuple[int, dict]:
+    """The endpoint's answer to ``inputs`` (the console's try-it box, pre-annotation), from the
+    first host that serves it: (HTTP status, body). Counted in its metrics like any call."""
+    errors = []
+    for url in settings.SERVING_HOSTS:
+        try:
+            return HostClient(url).predict(endpoint.name, {"inputs": inputs, "top_k": top_k})
+        except HostError as exc:
+            errors.append(str(exc))
+    raise HostError("; ".join(errors) or _("No serving host is configured."))
+
+
+def endpoint_chat(*, endpoint: Endpoint, body: dict) -> Iterator[bytes]:
+    """A generative endpoint's streamed answer to a chat (the console's playground), from the
+    first serving host that is reachable. Counted in its metrics like any call."""
+    errors = []
+    for url in settings.SERVING_HOSTS:
+        stream = HostClient(url).chat_stream({**body, "model": endpoint.name})
+        try:
+            first = next(stream)
+        except HostError as exc:
+            errors.append(str(exc))
+            continue
+        except StopIteration:
+            return
+        yield first
+        yield from stream
+        return
+    message = "; ".join(errors) or _("No serving host is configured.")
+    error = {"error": {"message": message, "type": "server_error", "code": "unreachable"}}
+    yield b"data: " + json.dumps(error, ensure_ascii=False).encode() + b"\n\n"

@@ -7,8 +7,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from console.models import HashedKey, Team
-from runtime.data import OBJECTIVES
+from console.models import Created, HashedKey, Team
+from runtime.kinds import GENERATIVE_KINDS
 from training.models import ModelVersion
 
 
@@ -34,7 +34,7 @@ class ServingHost(models.Model):
         return self.url
 
 
-class Endpoint(models.Model):
+class Endpoint(Created):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="endpoints")
     # The name in the inference URL (/v1/endpoints/<name>:predict), unique on the site.
     name = models.SlugField(_("name"), max_length=60, unique=True)
@@ -49,10 +49,6 @@ class Endpoint(models.Model):
         default=64,
         validators=[MinValueValidator(1), MaxValueValidator(256)],
     )
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["name"]
@@ -65,12 +61,12 @@ class Endpoint(models.Model):
     def inference_url(self) -> str:
         """Where applications send their requests: OpenAI's chat completions for a generative
         model (``model`` names the endpoint), the predict route otherwise."""
-        if self.task_kind in OBJECTIVES:
+        if self.task_kind in GENERATIVE_KINDS:
             return f"{settings.SERVING_PUBLIC_URL}/v1/chat/completions"
         return f"{settings.SERVING_PUBLIC_URL}/v1/endpoints/{self.name}:predict"
 
 
-class Revision(models.Model):
+class Revision(Created):
     """A model version behind an endpoint, with its share of the traffic and how it runs."""
 
     class Status(models.TextChoices):
@@ -102,10 +98,6 @@ class Revision(models.Model):
     replaced = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     promoted_at = models.DateTimeField(null=True, blank=True)
     retired_at = models.DateTimeField(null=True, blank=True)
 
@@ -122,6 +114,12 @@ class Revision(models.Model):
     def key(self) -> str:
         """Its name on the serving hosts."""
         return f"rev-{self.pk}"
+
+    @staticmethod
+    def pk_from_key(key: str) -> int | None:
+        """The pk of the revision a host names ``key``; None for a name that is no revision's."""
+        prefix, _sep, pk = key.partition("-")
+        return int(pk) if prefix == "rev" and pk.isdigit() else None
 
 
 class Placement(models.Model):

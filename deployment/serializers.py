@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from console.services import KEY_MAX_DAYS
 from deployment.models import Endpoint, EndpointKey, Placement, Revision
+from runtime.chat import ROLES
 
 
 class PlacementSerializer(serializers.ModelSerializer):
@@ -132,7 +133,7 @@ class PredictSerializer(serializers.Serializer):
 
 
 class ChatMessageSerializer(serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    role = serializers.ChoiceField(choices=ROLES)
     content = serializers.CharField(trim_whitespace=False, max_length=20_000)
 
 

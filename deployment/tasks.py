@@ -2,23 +2,23 @@
 
 from celery import shared_task
 
-from deployment import services
+from deployment import metrics, preannotate, reconcile
 from deployment.hosts import HostError
 
 
 @shared_task(ignore_result=True)
 def reconcile_endpoints() -> dict[str, str]:
-    return services.endpoints_reconcile()
+    return reconcile.endpoints_reconcile()
 
 
 @shared_task(ignore_result=True)
 def collect_endpoint_metrics() -> int:
-    return services.metrics_collect()
+    return metrics.metrics_collect()
 
 
 @shared_task(ignore_result=True)
 def prune_endpoint_metrics() -> int:
-    return services.metrics_prune()
+    return metrics.metrics_prune()
 
 
 @shared_task(
@@ -28,4 +28,4 @@ def prune_endpoint_metrics() -> int:
     retry_kwargs={"max_retries": 5},
 )
 def preannotate_labeling_project(project_id: int, endpoint_id: int) -> int:
-    return services.preannotate_run(project_id, endpoint_id)
+    return preannotate.preannotate_run(project_id, endpoint_id)

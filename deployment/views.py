@@ -14,10 +14,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, role_allows
-from deployment import selectors, services
+from deployment import rollout, selectors
 from deployment.forms import CanaryForm, DeployForm, KeyForm, PreannotateForm
+from deployment.keys import endpoint_key_create, endpoint_key_revoke
+from deployment.preannotate import preannotate_start
 from labeling.selectors import labeling_project_get
-from runtime.data import OBJECTIVES
+from runtime.kinds import GENERATIVE_KINDS
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -62,7 +64,7 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
     form = DeployForm(request.POST or None, team=request.team, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
-            endpoint = services.endpoint_deploy(
+            endpoint = rollout.endpoint_deploy(
                 actor=request.user, team=request.team, **form.cleaned_data
             )
         except ValidationError as exc:
@@ -87,7 +89,7 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
     )
     keys, keys_query = paginate(request, selectors.endpoint_keys(endpoint), param="keys")
     can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
-    generative = endpoint.task_kind in OBJECTIVES
+    generative = endpoint.task_kind in GENERATIVE_KINDS
     return render(
         request,
         "deployment/endpoint.html",
@@ -133,7 +135,7 @@ def endpoint_canary(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     return _action(
         request,
         endpoint,
-        lambda: services.revision_add(actor=request.user, endpoint=endpoint, **form.cleaned_data),
+        lambda: rollout.revision_add(actor=request.user, endpoint=endpoint, **form.cleaned_data),
         _("The canary takes its share of the traffic once it is ready."),
     )
 
@@ -146,7 +148,7 @@ def revision_promote(request: HttpRequest, endpoint_id: int, revision_id: int) -
     return _action(
         request,
         endpoint,
-        lambda: services.revision_promote(actor=request.user, revision=revision),
+        lambda: rollout.revision_promote(actor=request.user, revision=revision),
         _("Promoted: this revision takes all the traffic."),
     )
 
@@ -163,7 +165,7 @@ def revision_weight(request: HttpRequest, endpoint_id: int, revision_id: int) ->
     return _action(
         request,
         endpoint,
-        lambda: services.revision_set_weight(
+        lambda: rollout.revision_set_weight(
             actor=request.user, revision=revision, weight=int(weight)
         ),
         _("The traffic split is changed."),
@@ -177,7 +179,7 @@ def endpoint_rollback(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     return _action(
         request,
         endpoint,
-        lambda: services.endpoint_rollback(actor=request.user, endpoint=endpoint),
+        lambda: rollout.endpoint_rollback(actor=request.user, endpoint=endpoint),
         _("Rolled back: all traffic goes to the last good revision."),
     )
 
@@ -186,7 +188,7 @@ def endpoint_rollback(request: HttpRequest, endpoint_id: int) -> HttpResponse:
 @require_POST
 def endpoint_delete(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
-    services.endpoint_delete(actor=request.user, endpoint=endpoint)
+    rollout.endpoint_delete(actor=request.user, endpoint=endpoint)
     messages.success(request, _("The endpoint is deleted."))
     return redirect("deployment:endpoints", team=request.team.slug)
 
@@ -204,7 +206,7 @@ def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     if not form.is_valid():
         return _form_refused(request, endpoint, form)
     try:
-        _key, plain = services.endpoint_key_create(
+        _key, plain = endpoint_key_create(
             actor=request.user, endpoint=endpoint, **form.cleaned_data
         )
     except ValidationError as exc:
@@ -222,7 +224,7 @@ def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
 def key_revoke(request: HttpRequest, endpoint_id: int, endpoint_key_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
     key = selectors.endpoint_key_get(endpoint, endpoint_key_id)
-    services.endpoint_key_revoke(actor=request.user, key=key)
+    endpoint_key_revoke(actor=request.user, key=key)
     messages.success(request, _("The key is revoked."))
     return _endpoint_page(request, endpoint)
 
@@ -236,7 +238,7 @@ def preannotate(request: HttpRequest, project_id: int) -> HttpResponse:
     form = PreannotateForm(request.POST or None, endpoints=endpoints)
     if request.method == "POST" and form.is_valid():
         try:
-            services.preannotate_start(
+            preannotate_start(
                 actor=request.user, project=project, endpoint=form.cleaned_data["endpoint"]
             )
         except ValidationError as exc:

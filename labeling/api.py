@@ -8,13 +8,24 @@ from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from console.api import service_call
+from console.api import TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
-from console.permissions import TeamPermission
 from console.roles import Perm
-from labeling import exports, selectors, services
+from labeling import exports, selectors
+from labeling.datasets import (
+    UploadOffsetMismatch,
+    dataset_create,
+    dataset_delete,
+    upload_create,
+    upload_write_chunk,
+)
+from labeling.imports import import_start, version_merge
+from labeling.projects import (
+    labeling_project_create,
+    labeling_project_preannotate,
+    labeling_project_set_labels,
+)
 from labeling.serializers import (
     DatasetCreateSerializer,
     DatasetSerializer,
@@ -29,10 +40,10 @@ from labeling.serializers import (
     UploadSerializer,
     VersionSerializer,
 )
+from labeling.sync import labeling_project_sync_request
 
 
-class DatasetAPIView(APIView):
-    permission_classes = [TeamPermission]
+class DatasetAPIView(TeamAPIView):
     write_permission = Perm.DATASET_WRITE
 
     def dataset(self):
@@ -50,15 +61,14 @@ class DatasetListCreate(PaginatedList, DatasetAPIView):
 
     @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
     def post(self, request: Request, team: str) -> Response:
-        serializer = DatasetCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(DatasetCreateSerializer, request)
         dataset = service_call(
-            services.dataset_create,
+            dataset_create,
             actor=request.user,
             team=request.team,
-            **serializer.validated_data,
+            **data,
         )
-        return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+        return created(DatasetSerializer, dataset)
 
 
 class DatasetDetail(DatasetAPIView):
@@ -68,7 +78,7 @@ class DatasetDetail(DatasetAPIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, team: str, dataset_id: int) -> Response:
-        service_call(services.dataset_delete, actor=request.user, dataset=self.dataset())
+        service_call(dataset_delete, actor=request.user, dataset=self.dataset())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -76,16 +86,15 @@ class UploadCreate(DatasetAPIView):
     @extend_schema(request=UploadSerializer, responses={201: UploadSerializer})
     def post(self, request: Request, team: str) -> Response:
         """Start a chunked upload: declare the file's name and size, then PUT its bytes."""
-        serializer = UploadSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(UploadSerializer, request)
         upload = service_call(
-            services.upload_create,
+            upload_create,
             actor=request.user,
             team=request.team,
-            filename=serializer.validated_data["filename"],
-            size=serializer.validated_data["size"],
+            filename=data["filename"],
+            size=data["size"],
         )
-        return Response(UploadSerializer(upload).data, status=status.HTTP_201_CREATED)
+        return created(UploadSerializer, upload)
 
 
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
@@ -123,13 +132,13 @@ class UploadDetail(DatasetAPIView):
             start = 0
         try:
             upload = service_call(
-                services.upload_write_chunk,
+                upload_write_chunk,
                 upload=upload,
                 offset=start,
                 stream=request.stream,
                 length=length,
             )
-        except services.UploadOffsetMismatch:
+        except UploadOffsetMismatch:
             upload.refresh_from_db()
             return Response(UploadSerializer(upload).data, status=status.HTTP_409_CONFLICT)
         return Response(UploadSerializer(upload).data)
@@ -164,9 +173,7 @@ class ImportCreate(DatasetAPIView):
     def post(self, request: Request, team: str, dataset_id: int) -> Response:
         """Import a complete upload into a new version (queued; poll the import)."""
         dataset = self.dataset()
-        serializer = ImportRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(ImportRequestSerializer, request)
         upload = selectors.upload_get(request.team, data["upload"])
         if "format" not in data or "mapping" not in data or "encoding" not in data:
             preview = selectors.upload_preview(
@@ -187,7 +194,7 @@ class ImportCreate(DatasetAPIView):
             )
         }
         job = service_call(
-            services.import_start,
+            import_start,
             actor=request.user,
             dataset=dataset,
             upload=upload,
@@ -208,12 +215,10 @@ class Merge(DatasetAPIView):
     @extend_schema(request=MergeRequestSerializer, responses={202: ImportJobSerializer})
     def post(self, request: Request, team: str, dataset_id: int) -> Response:
         dataset = self.dataset()
-        serializer = MergeRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(MergeRequestSerializer, request)
         versions = selectors.versions_get(dataset, data.pop("versions"))
         job = service_call(
-            services.version_merge,
+            version_merge,
             actor=request.user,
             dataset=dataset,
             versions=versions,
@@ -311,8 +316,7 @@ class VersionDownload(DatasetAPIView):
         return service_call(exports.download_response, version=self.version(), kind=kind)
 
 
-class LabelingProjectAPIView(APIView):
-    permission_classes = [TeamPermission]
+class LabelingProjectAPIView(TeamAPIView):
     write_permission = Perm.LABELING_MANAGE
 
     def project(self):
@@ -330,15 +334,11 @@ class LabelingProjectListCreate(PaginatedList, LabelingProjectAPIView):
     )
     def post(self, request: Request, team: str) -> Response:
         """Create a labeling project from a version; Label Studio's side follows (queued)."""
-        serializer = LabelingProjectCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated(LabelingProjectCreateSerializer, request)
         dataset = selectors.dataset_get(request.team, data.pop("dataset"))
         version = selectors.version_get(dataset, data.pop("version"))
-        project = service_call(
-            services.labeling_project_create, actor=request.user, version=version, **data
-        )
-        return Response(LabelingProjectSerializer(project).data, status=status.HTTP_201_CREATED)
+        project = service_call(labeling_project_create, actor=request.user, version=version, **data)
+        return created(LabelingProjectSerializer, project)
 
 
 class LabelingProjectDetail(LabelingProjectAPIView):
@@ -360,13 +360,12 @@ class LabelingProjectDetail(LabelingProjectAPIView):
     def patch(self, request: Request, team: str, project_id: int) -> Response:
         """Change the label set (only before the first annotation)."""
         project = self.project()  # 404 before 400
-        serializer = LabelsRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(LabelsRequestSerializer, request)
         project = service_call(
-            services.labeling_project_set_labels,
+            labeling_project_set_labels,
             actor=request.user,
             project=project,
-            labels=serializer.validated_data["labels"],
+            labels=data["labels"],
         )
         return Response(LabelingProjectSerializer(project).data)
 
@@ -374,7 +373,7 @@ class LabelingProjectDetail(LabelingProjectAPIView):
 class LabelingProjectSync(LabelingProjectAPIView):
     @extend_schema(request=None, responses={202: None})
     def post(self, request: Request, team: str, project_id: int) -> Response:
-        services.labeling_project_sync_request(self.project())
+        labeling_project_sync_request(self.project())
         return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)
 
 
@@ -382,13 +381,12 @@ class LabelingProjectExport(LabelingProjectAPIView):
     @extend_schema(request=ExportRequestSerializer, responses={202: ImportJobSerializer})
     def post(self, request: Request, team: str, project_id: int) -> Response:
         project = self.project()  # 404 before 400: another team's project does not exist
-        serializer = ExportRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(ExportRequestSerializer, request)
         job = service_call(
-            services.labeling_project_export,
+            exports.labeling_project_export,
             actor=request.user,
             project=project,
-            **serializer.validated_data,
+            **data,
         )
         return Response(ImportJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
@@ -398,11 +396,10 @@ class LabelingProjectPredictions(LabelingProjectAPIView):
     def post(self, request: Request, team: str, project_id: int) -> Response:
         """Pre-annotations: a model's predictions with scores, served least confident first."""
         project = self.project()  # 404 before 400
-        serializer = PredictionsRequestSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(PredictionsRequestSerializer, request)
         count = service_call(
-            services.labeling_project_preannotate,
+            labeling_project_preannotate,
             project=project,
-            **serializer.validated_data,
+            **data,
         )
         return Response({"imported": count}, status=status.HTTP_201_CREATED)

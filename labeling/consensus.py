@@ -8,6 +8,8 @@ An answer is the dataset's value of an annotation: ``{"label": x}``, ``{"labels"
 from collections import Counter
 from collections.abc import Sequence
 
+from runtime.kinds import TaskKind
+
 RULES = ("majority", "reviewer", "drop")
 
 
@@ -88,9 +90,9 @@ def agreement(answers: dict[int, list[tuple[str, dict]]], kind: str) -> dict:
     kinds, F1 over labels or spans otherwise), per label, and the rows most disputed."""
     from itertools import combinations
 
-    if kind == "instruction":  # free text: no agreement figure
+    if kind == TaskKind.INSTRUCTION:  # free text: no agreement figure
         return {"pairs": [], "labels": {}, "disputed": []}
-    single = kind in ("text_classification", "text_pair", "preference")
+    single = kind in (TaskKind.TEXT_CLASSIFICATION, TaskKind.TEXT_PAIR, TaskKind.PREFERENCE)
     annotators = sorted({who for rows in answers.values() for who, _v in rows})
     pairs = []
     for a, b in combinations(annotators, 2):
@@ -110,7 +112,7 @@ def agreement(answers: dict[int, list[tuple[str, dict]]], kind: str) -> dict:
         pairs.append({"a": a, "b": b, "items": len(shared), "score": score})
     labels = sorted(
         set()
-        if kind == "preference"  # the "labels" would be the responses themselves
+        if kind == TaskKind.PREFERENCE  # the "labels" would be the responses themselves
         else {
             lab
             for rows in answers.values()

@@ -1,4 +1,6 @@
-"""A version's rows as CSV or XLSX, for people who read them in a spreadsheet.
+"""What leaves a labeling project or a version: a project's agreed labels as a new version of its
+dataset (``labeling_project_export``, an import job like any other), and a version's rows as CSV
+or XLSX, for people who read them in a spreadsheet.
 
 Spreadsheet programs take a cell that starts with ``=``, ``+``, ``-`` or ``@`` (or a tab or a
 carriage return before one) as a formula: a row whose text is ``=HYPERLINK("http://…")`` or
@@ -19,6 +21,7 @@ JSONL downloads import again unchanged.
 """
 
 import csv
+import dataclasses
 import io
 import json
 import tempfile
@@ -26,17 +29,60 @@ from collections.abc import Iterator
 from typing import IO
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
+from django.db import transaction
 from django.http import FileResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.http import content_disposition_header
 from django.utils.translation import gettext as _
 
-from labeling import selectors
-from labeling.models import DatasetVersion
+from labeling import consensus, selectors, task_kinds
+from labeling.imports import import_job_queue, import_options
+from labeling.models import DatasetVersion, ImportJob, LabelingProject
 from labeling.readers import XLSX_MAX_ROWS
-from labeling.task_kinds import schema_for
+
+
+@transaction.atomic
+def labeling_project_export(
+    *, actor: AbstractBaseUser, project: LabelingProject, rule: str, reviewer: str = ""
+) -> ImportJob:
+    """A new version of the source version's rows with the labels agreed in Label Studio
+    (conflicts resolved by ``rule``), imported like any other: checked, split kept."""
+    if rule not in consensus.RULES:
+        raise ValidationError(_("Unknown conflict rule “%(rule)s”.") % {"rule": rule})
+    if rule == "reviewer" and not reviewer:
+        raise ValidationError(_("Name the reviewer whose choice wins."))
+    version = project.source_version
+    dataset = version.dataset
+    options = {
+        "mapping": {f: f for f in task_kinds.get(dataset.task_kind).field_names()},
+        "drop_duplicates": False,
+        "ratios": version.options.get("ratios") or [0.8, 0.1, 0.1],
+        "seed": version.options.get("seed", 42),
+    }
+    parsed = import_options(dataset, options)
+    # The annotations were checked against the project's labels, which may differ from the
+    # dataset's; the rows keep the splits they have.
+    parsed = dataclasses.replace(parsed, keep_splits=True, labels=None)
+    return import_job_queue(
+        actor=actor,
+        dataset=dataset,
+        audit=("labeling_project.export", project, {"rule": rule, "reviewer": reviewer}),
+        source=DatasetVersion.Source.LABELING,
+        parents=[version.pk],
+        format="jsonl",
+        encoding="utf-8",
+        options={
+            **parsed.as_dict(),
+            "export": {"project": project.pk, "rule": rule, "reviewer": reviewer},
+        },
+        bytes_total=default_storage.size(version.data_file),
+    )
+
+
+# -- Versions as spreadsheets -------------------------------------------------------------------
 
 FORMATS = ("csv", "xlsx")
 # What makes a spreadsheet read a cell as a formula (OWASP, CSV injection).
@@ -50,7 +96,7 @@ def neutralise(value: str) -> str:
 
 
 def columns(version: DatasetVersion) -> list[str]:
-    return [*schema_for(version.dataset.task_kind).row_fields(), "split"]
+    return [*task_kinds.get(version.dataset.task_kind).row_fields(), "split"]
 
 
 def _cell(value) -> str:

@@ -3,8 +3,9 @@ import re
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from labeling import task_kinds
 from labeling.readers import ENCODINGS, FORMATS
-from labeling.task_kinds import TaskKind, schema_for
+from labeling.task_kinds import KIND_CHOICES
 
 
 def split_labels(text: str) -> list[str]:
@@ -14,7 +15,7 @@ def split_labels(text: str) -> list[str]:
 
 class DatasetForm(forms.Form):
     name = forms.CharField(label=_("Name"), max_length=100)
-    task_kind = forms.ChoiceField(label=_("Task kind"), choices=TaskKind.choices)
+    task_kind = forms.ChoiceField(label=_("Task kind"), choices=KIND_CHOICES)
     labels = forms.CharField(
         label=_("Labels"),
         required=False,
@@ -53,7 +54,7 @@ class ImportForm(forms.Form):
         super().__init__(*args, **kwargs)
         choices = [("", _("— not in the file —")), *[(c, c) for c in columns]]
         self.mapping_fields = []
-        for field in schema_for(kind).fields:
+        for field in task_kinds.get(kind).fields:
             name = f"map_{field.name}"
             self.fields[name] = forms.ChoiceField(
                 label=field.name, choices=choices, required=field.required

@@ -5,21 +5,17 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from console.models import Team
-from labeling.task_kinds import TaskKind
+from console.models import Created, Team
+from labeling.task_kinds import KIND_CHOICES
 
 
-class Dataset(models.Model):
+class Dataset(Created):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="datasets")
     name = models.CharField(_("name"), max_length=100)
-    task_kind = models.CharField(_("task kind"), max_length=32, choices=TaskKind.choices)
+    task_kind = models.CharField(_("task kind"), max_length=32, choices=KIND_CHOICES)
     description = models.TextField(_("description"), blank=True)
     # The allowed labels; empty means any label found in the data is accepted.
     labels = models.JSONField(_("labels"), default=list, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at"]
@@ -34,7 +30,7 @@ class Dataset(models.Model):
         return frozenset(self.labels) if self.labels else None
 
 
-class Upload(models.Model):
+class Upload(Created):
     """A file sent in chunks. Its bytes stay in the staging directory until it is complete."""
 
     class Status(models.TextChoices):
@@ -43,9 +39,6 @@ class Upload(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="uploads")
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
     filename = models.CharField(max_length=255)
     size = models.BigIntegerField()
     received = models.BigIntegerField(default=0)
@@ -53,13 +46,12 @@ class Upload(models.Model):
     sha256 = models.CharField(max_length=64, blank=True)
     # The storage name once complete; never derived from the user's file name.
     storage_name = models.CharField(max_length=255, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
         return self.filename
 
 
-class DatasetVersion(models.Model):
+class DatasetVersion(Created):
     """An immutable version of a dataset: normalised rows in storage, with their report."""
 
     class Source(models.TextChoices):
@@ -75,10 +67,6 @@ class DatasetVersion(models.Model):
     source = models.CharField(max_length=16, choices=Source.choices)
     # Lineage beyond the parent: the upload, the merged versions, the labeling project.
     lineage = models.JSONField(default=dict, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     content_hash = models.CharField(max_length=64, db_index=True)
     format = models.CharField(max_length=8)
     encoding = models.CharField(max_length=16, blank=True)
@@ -110,7 +98,7 @@ class DatasetVersion(models.Model):
         super().save(*args, **kwargs)
 
 
-class ImportJob(models.Model):
+class ImportJob(Created):
     """An import of an upload into a new version, run on the Celery `default` queue."""
 
     class Status(models.TextChoices):
@@ -140,10 +128,6 @@ class ImportJob(models.Model):
         DatasetVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     report_file = models.CharField(max_length=255, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -161,7 +145,7 @@ class ImportJob(models.Model):
         return min(99, int(100 * self.bytes_read / self.bytes_total))
 
 
-class LabelingProject(models.Model):
+class LabelingProject(Created):
     """A Label Studio project made from a dataset version; its export is a new version."""
 
     class Status(models.TextChoices):
@@ -194,17 +178,13 @@ class LabelingProject(models.Model):
     # The secret Label Studio's webhook sends in a header; only its hash is kept.
     webhook_secret_hash = models.CharField(max_length=64, blank=True)
     # The URL the webhook was registered with: registered again when PLATFORM_URL or the route
-    # changed (labeling.services.labeling_project_sync).
+    # changed (labeling.sync.labeling_project_sync).
     webhook_url = models.CharField(max_length=500, blank=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
     tasks_total = models.PositiveIntegerField(default=0)
     tasks_pushed = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at"]

@@ -22,7 +22,8 @@ from django.utils.translation import gettext as _
 
 from labeling.normalize import Normalizer
 from labeling.readers import open_records
-from labeling.task_kinds import RowError, Schema
+from labeling.task_kinds.base import Kind, RowError
+from runtime.kinds import TaskKind
 
 SPLITS = ("train", "dev", "test")
 PAGE_INDEX_STEP = 1000
@@ -159,7 +160,7 @@ def run_import(
     *,
     fmt: str,
     encoding: str | None,
-    schema: Schema,
+    schema: Kind,
     options: ImportOptions,
     workdir: Path,
     progress: Callable[[int], None] | None = None,
@@ -195,7 +196,7 @@ def run_import(
     reasons: Counter = Counter()
     rejected = duplicates = kept = read = unlabeled = 0
     fields, columns_of = list(mapping), list(mapping.values())
-    is_ner = schema.kind == "ner"
+    is_ner = schema.kind == TaskKind.NER
     # Hot loop: look the per-row callables up once.
     build_row, dedup_key, row_labels = schema.build_row, schema.dedup_key, schema.row_labels
     separators = len(schema.text_fields) - 1

@@ -17,7 +17,7 @@ from typing import BinaryIO
 import charset_normalizer
 from django.utils.translation import gettext as _
 
-from labeling.task_kinds import RowError, parse_json
+from labeling.task_kinds.base import RowError, parse_json
 
 FORMATS = ("csv", "tsv", "jsonl", "xlsx")
 ENCODINGS = ("utf-8", "utf-8-sig", "gbk", "gb18030")

@@ -1,4 +1,6 @@
-"""Reads of the labeling app, shared by console views and the API; all scoped to a team."""
+"""Reads of the labeling app: those the console views and the API share, all scoped to a team;
+and those the app's services and tasks make of one version or project, or across teams (the
+projects the reconciliation syncs or pushes again)."""
 
 import json
 from dataclasses import dataclass
@@ -9,10 +11,17 @@ from django.db.models import Count, Max, QuerySet, Sum
 from django.http import Http404
 
 from console.models import Team
-from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling import task_kinds
+from labeling.models import (
+    Dataset,
+    DatasetVersion,
+    ImportJob,
+    LabelingProject,
+    LabelStudioAccount,
+    Upload,
+)
 from labeling.pipeline import PAGE_INDEX_STEP
 from labeling.readers import FileError, detect, open_records
-from labeling.task_kinds import schema_for
 
 
 def team_datasets(team: Team) -> QuerySet[Dataset]:
@@ -99,7 +108,7 @@ def upload_preview(
             return Preview(
                 fmt, encoding, detected.encoding, detected.confident, [], [], {}, str(exc)
             )
-    mapping = schema_for(kind).propose_mapping(columns)
+    mapping = task_kinds.get(kind).propose_mapping(columns)
     return Preview(fmt, encoding, detected.encoding, detected.confident, columns, rows, mapping)
 
 
@@ -122,7 +131,7 @@ def version_rows(
     """A page of rows. Unfiltered pages seek by the version's offset index; filters stream."""
     page = max(page, 1)
     start = (page - 1) * per_page
-    schema = schema_for(version.dataset.task_kind)
+    schema = task_kinds.get(version.dataset.task_kind)
     filtered = bool(q or label or split)
     with default_storage.open(version.data_file, "rb") as f:
         first = 0
@@ -181,7 +190,7 @@ class Comparison:
 
 def version_compare(old: DatasetVersion, new: DatasetVersion, examples: int = 20) -> Comparison:
     """Rows added, removed and relabeled from ``old`` to ``new``, matched by their text."""
-    schema = schema_for(old.dataset.task_kind)
+    schema = task_kinds.get(old.dataset.task_kind)
 
     def annotation(row: dict) -> str:
         return json.dumps(
@@ -316,3 +325,36 @@ def team_upload_bytes(team: Team) -> int:
     from creation so that uploads under way cannot together pass the quota, and the kept
     originals. Abandoned ones give their room back when they expire (uploads_expire)."""
     return Upload.objects.filter(team=team).aggregate(n=Sum("size"))["n"] or 0
+
+
+def labeling_project_annotators(project: LabelingProject) -> dict[int, str]:
+    """The Label Studio accounts whose annotations count: those of the team's current members
+    with a labeling role (owner, maintainer, annotator) whose user is active, by LS user id."""
+    from console.models import Membership
+    from console.roles import PERMISSIONS, Perm
+
+    members = Membership.objects.filter(
+        team_id=project.team_id, role__in=PERMISSIONS[Perm.ANNOTATE], user__is_active=True
+    ).values_list("user_id", flat=True)
+    return dict(
+        LabelStudioAccount.objects.filter(user_id__in=members).values_list(
+            "ls_user_id", "user__username"
+        )
+    )
+
+
+def labeling_projects_to_reconcile() -> list[int]:
+    return list(
+        LabelingProject.objects.filter(status=LabelingProject.Status.READY).values_list(
+            "pk", flat=True
+        )
+    )
+
+
+def labeling_projects_to_push() -> list[int]:
+    """Projects whose push gave up (Label Studio was down too long): pushed again."""
+    return list(
+        LabelingProject.objects.filter(status=LabelingProject.Status.FAILED).values_list(
+            "pk", flat=True
+        )
+    )

@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
 from labeling.readers import ENCODINGS, FORMATS
-from labeling.task_kinds import TaskKind
+from labeling.task_kinds import KIND_CHOICES
 
 
 class DatasetSerializer(serializers.ModelSerializer):
@@ -33,7 +33,7 @@ class DatasetSerializer(serializers.ModelSerializer):
 
 class DatasetCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    task_kind = serializers.ChoiceField(choices=TaskKind.choices)
+    task_kind = serializers.ChoiceField(choices=KIND_CHOICES)
     description = serializers.CharField(required=False, allow_blank=True, default="")
     labels = serializers.ListField(child=serializers.CharField(), required=False, default=list)
 

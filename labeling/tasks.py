@@ -4,8 +4,16 @@ import httpx
 from celery import shared_task
 from label_studio_sdk.core.api_error import ApiError
 
-from labeling import services
+from labeling.datasets import uploads_expire
+from labeling.imports import import_run
 from labeling.label_studio import NotConfigured
+from labeling.projects import labeling_project_problem, labeling_project_push
+from labeling.selectors import labeling_projects_to_push, labeling_projects_to_reconcile
+from labeling.sync import (
+    label_studio_account_update,
+    label_studio_members_converge,
+    labeling_project_sync,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -16,7 +24,7 @@ def run_import_job(job_id: int) -> None:
 
     Acknowledged late: a worker killed mid-import leaves the task queued, and the next worker
     runs the import again from the start (it writes nothing visible until it is done)."""
-    services.import_run(job_id)
+    import_run(job_id)
 
 
 @shared_task(
@@ -30,13 +38,13 @@ def push_labeling_project(self, project_id: int) -> None:
     """Make a labeling project's Label Studio project and push its tasks. While Label Studio is
     down it retries with backoff (about an hour in all), and says so on the project."""
     try:
-        services.labeling_project_push(project_id)
+        labeling_project_push(project_id)
     except (httpx.HTTPError, ApiError) as exc:
         last = self.request.retries >= self.max_retries
-        services.labeling_project_problem(project_id, f"Label Studio: {exc}", final=last)
+        labeling_project_problem(project_id, f"Label Studio: {exc}", final=last)
         raise
     except NotConfigured as exc:
-        services.labeling_project_problem(project_id, str(exc), final=True)
+        labeling_project_problem(project_id, str(exc), final=True)
         raise
 
 
@@ -48,7 +56,7 @@ def push_labeling_project(self, project_id: int) -> None:
 )
 def sync_labeling_project(project_id: int) -> None:
     """Take in a project's annotations (asked for by a webhook or the reconciliation)."""
-    services.labeling_project_sync(project_id)
+    labeling_project_sync(project_id)
 
 
 @shared_task
@@ -58,7 +66,7 @@ def update_label_studio_account(user_id: int) -> None:
 
     user = get_user_model().objects.filter(pk=user_id).first()
     if user is not None:
-        services.label_studio_account_update(user)
+        label_studio_account_update(user)
 
 
 @shared_task
@@ -71,12 +79,12 @@ def reconcile_labeling_projects() -> None:
 
     if settings.LABEL_STUDIO_URL:
         try:
-            services.label_studio_members_converge()
+            label_studio_members_converge()
         except Exception:  # Label Studio away: the next run converges; the syncs still filter
             logger.exception("Label Studio accounts not reconciled")
-    for project_id in services.labeling_projects_to_reconcile():
+    for project_id in labeling_projects_to_reconcile():
         sync_labeling_project.delay(project_id)
-    for project_id in services.labeling_projects_to_push():
+    for project_id in labeling_projects_to_push():
         push_labeling_project.delay(project_id)
 
 
@@ -84,4 +92,4 @@ def reconcile_labeling_projects() -> None:
 def expire_uploads() -> int:
     """Scheduled by beat: uploads abandoned (never completed, or never imported) for
     UPLOAD_EXPIRY_HOURS are deleted, files and rows."""
-    return services.uploads_expire()
+    return uploads_expire()

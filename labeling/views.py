@@ -13,11 +13,12 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+import labeling.datasets
 from console.pagination import paginate
 from console.permissions import team_view
 from console.quotas import team_storage_quota, team_storage_used
 from console.roles import Perm, role_allows
-from labeling import exports, label_studio, selectors, services
+from labeling import exports, label_studio, selectors, task_kinds
 from labeling.forms import (
     DatasetForm,
     ExportForm,
@@ -25,9 +26,16 @@ from labeling.forms import (
     LabelingProjectForm,
     split_labels,
 )
+from labeling.imports import import_start, version_merge
 from labeling.models import ImportJob
 from labeling.pipeline import LENGTH_BINS, SPLITS
-from labeling.task_kinds import schema_for
+from labeling.projects import (
+    WEBHOOK_SECRET_HEADER,
+    labeling_project_create,
+    labeling_project_set_labels,
+    webhook_project,
+)
+from labeling.sync import labeling_project_sync_request
 
 
 def _error_text(exc: ValidationError) -> str:
@@ -60,7 +68,7 @@ def datasets(request: HttpRequest) -> HttpResponse:
     form = DatasetForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            dataset = services.dataset_create(
+            dataset = labeling.datasets.dataset_create(
                 actor=request.user, team=request.team, **form.cleaned_data
             )
         except ValidationError as exc:
@@ -108,7 +116,7 @@ def dataset(request: HttpRequest, dataset_id: int) -> HttpResponse:
 def dataset_delete(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = selectors.dataset_get(request.team, dataset_id)
     try:
-        services.dataset_delete(actor=request.user, dataset=ds)
+        labeling.datasets.dataset_delete(actor=request.user, dataset=ds)
     except ValidationError as exc:
         messages.error(request, _error_text(exc))
         return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
@@ -137,7 +145,7 @@ def import_mapping(request: HttpRequest, dataset_id: int, upload_id) -> HttpResp
     )
     if form.is_bound and form.is_valid():
         try:
-            job = services.import_start(
+            job = import_start(
                 actor=request.user,
                 dataset=ds,
                 upload=upload,
@@ -211,7 +219,7 @@ def version_rows(request: HttpRequest, dataset_id: int, number: int) -> HttpResp
             "query": query.urlencode(),
             "labels": list(v.stats.get("labels", {})),
             "splits": SPLITS,
-            "fields": schema_for(ds.task_kind).row_fields(),
+            "fields": task_kinds.get(ds.task_kind).row_fields(),
         },
     )
 
@@ -266,7 +274,7 @@ def merge(request: HttpRequest, dataset_id: int) -> HttpResponse:
     numbers = [_int(n, 0) for n in request.POST.getlist("versions")]
     versions = selectors.versions_get(ds, numbers)
     try:
-        job = services.version_merge(actor=request.user, dataset=ds, versions=versions, options={})
+        job = version_merge(actor=request.user, dataset=ds, versions=versions, options={})
     except ValidationError as exc:
         messages.error(request, _error_text(exc))
         return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
@@ -294,11 +302,11 @@ def project_open(request: HttpRequest, project_id: int) -> HttpResponse:
 @csrf_exempt  # called by Label Studio, authenticated by the secret in a header
 @require_POST
 def label_studio_webhook(request: HttpRequest, project_id: int) -> HttpResponse:
-    secret = request.headers.get(services.WEBHOOK_SECRET_HEADER, "")
-    project = services.webhook_project(project_id, secret)
+    secret = request.headers.get(WEBHOOK_SECRET_HEADER, "")
+    project = webhook_project(project_id, secret)
     if project is None:
         raise Http404
-    services.labeling_project_sync_request(project)
+    labeling_project_sync_request(project)
     return JsonResponse({"queued": True}, status=202)
 
 
@@ -315,9 +323,7 @@ def project_create(request: HttpRequest, dataset_id: int, number: int) -> HttpRe
     form = LabelingProjectForm(request.POST or None, initial={"labels": ", ".join(ds.labels)})
     if request.method == "POST" and form.is_valid():
         try:
-            project = services.labeling_project_create(
-                actor=request.user, version=v, **form.cleaned_data
-            )
+            project = labeling_project_create(actor=request.user, version=v, **form.cleaned_data)
         except ValidationError as exc:
             form.add_error(None, _error_text(exc))
         else:
@@ -332,7 +338,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
     p = selectors.labeling_project_get(request.team, project_id)
     if request.method == "POST" and "labels" in request.POST:
         try:
-            services.labeling_project_set_labels(
+            labeling_project_set_labels(
                 actor=request.user, project=p, labels=split_labels(request.POST["labels"])
             )
             messages.success(request, _("Labels changed."))
@@ -342,7 +348,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
     form = ExportForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            job = services.labeling_project_export(
+            job = exports.labeling_project_export(
                 actor=request.user, project=p, **form.cleaned_data
             )
         except ValidationError as exc:

@@ -14,6 +14,9 @@ import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from runtime.data import IGNORE
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -23,7 +26,6 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "generation_config.json",
 )
-IGNORE = -100
 # The roles of a conversation (the instruction kind's normal form).
 ROLES = ("system", "user", "assistant")
 
@@ -51,7 +53,8 @@ TEMPLATE_MAX_RANGE = 10_000
 TEMPLATE_MAX_OUTPUT = 1_000_000  # characters
 TEMPLATE_MAX_VALUE = TEMPLATE_MAX_OUTPUT  # characters and items in one value
 TEMPLATE_MAX_WORK = 10_000_000  # characters and items taken and made by calls, in one rendering
-_budget: ContextVar[list[int]] = ContextVar("chat_template_budget")
+# One rendering's counts (steps, output, work) and the ids of the containers it was given.
+_budget: ContextVar[list[Any]] = ContextVar("chat_template_budget")
 
 
 class ChatTemplateTooCostly(ChatTemplateError):
@@ -696,8 +699,8 @@ def encode_row(task_kind: str, tok: ChatTokenizer, row: dict):
     if task_kind == "instruction":
         ex = sft_example(tok, row["messages"])
         return ex, len(ex.input_ids)
-    ex = preference_example(tok, row)
-    return ex, len(ex.prompt) + max(len(ex.chosen), len(ex.rejected))
+    pair = preference_example(tok, row)
+    return pair, len(pair.prompt) + max(len(pair.chosen), len(pair.rejected))
 
 
 def pack(examples: list[SftExample], max_length: int) -> list[SftExample]:

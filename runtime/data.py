@@ -16,22 +16,27 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from runtime.kinds import TaskKind
 from runtime.tokenizer import CharTokenizer, Encoded
 
 SINGLE, MULTI, TOKEN = "single", "multi", "token"
-# The model head each task kind trains: one place for every backend.
-HEADS = {
-    "text_classification": SINGLE,
-    "text_pair": SINGLE,
-    "multi_label": MULTI,
-    "ner": TOKEN,
+# The model head each task kind trains: one place for every backend. Keyed by members, found by
+# a kind's plain string too (a StrEnum member is its value).
+HEADS: dict[str, str] = {
+    TaskKind.TEXT_CLASSIFICATION: SINGLE,
+    TaskKind.TEXT_PAIR: SINGLE,
+    TaskKind.MULTI_LABEL: MULTI,
+    TaskKind.NER: TOKEN,
 }
-IGNORE = -100  # target of positions that carry no tag ([CLS], [SEP], padding)
+# The target that takes no loss (cross-entropy's ignore_index in every backend): a tagger's
+# [CLS], [SEP] and padding, a chat model's tokens other than the assistant's.
+IGNORE = -100
 # The generative kinds train a causal LM (runtime.llm) with this objective, not a head.
-OBJECTIVES = {"instruction": "sft", "preference": "dpo"}
+OBJECTIVES: dict[str, str] = {TaskKind.INSTRUCTION: "sft", TaskKind.PREFERENCE: "dpo"}
 
 
 def head_of(task_kind: str) -> str:
@@ -116,7 +121,8 @@ def target(space: LabelSpace, row: dict, enc: Encoded):
 @dataclass
 class Example:
     enc: Encoded
-    target: object
+    # By the head: a label index (single), a 0/1 vector (multi), tag ids per token (token).
+    target: Any
 
 
 def examples(
@@ -142,7 +148,7 @@ def collate(batch: list[Example], pad_id: int, head: str | None = None) -> dict[
         ids[i, :k] = e.enc.input_ids
         types[i, :k] = e.enc.token_type_ids
         mask[i, :k] = 1
-    out = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    out: dict[str, np.ndarray] = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
     if head is not None and batch[0].target is not None:
         if head == SINGLE:
             out["labels"] = np.array([e.target for e in batch], dtype="int64")

@@ -14,14 +14,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from runtime import data
 from runtime.backends import Emit
 from runtime.chat import (
-    IGNORE,
     ChatTokenizer,
     SftExample,
     build_char_tokenizer,
@@ -34,9 +33,8 @@ from runtime.loop import (
     CHECKPOINT,
     _recover,
     _write_dir,
-    check_finite,
     learning_rate,
-    step_events,
+    step_done,
 )
 from runtime.spec import JobSpec
 
@@ -132,7 +130,7 @@ def encode_rows(spec: JobSpec, tok: ChatTokenizer, rows: list[dict], split: str,
 def collate_sft(examples, pad_id: int) -> dict[str, np.ndarray]:
     width = max(len(e.input_ids) for e in examples)
     ids = np.full((len(examples), width), pad_id, dtype="int64")
-    labels = np.full((len(examples), width), IGNORE, dtype="int64")
+    labels = np.full((len(examples), width), data.IGNORE, dtype="int64")
     mask = np.zeros((len(examples), width), dtype="int64")
     for i, e in enumerate(examples):
         n = len(e.input_ids)
@@ -143,13 +141,30 @@ def collate_sft(examples, pad_id: int) -> dict[str, np.ndarray]:
 def collate_dpo(examples, pad_id: int) -> dict[str, np.ndarray]:
     """Chosen sequences first, then rejected ones, with the loss on the responses only."""
     seqs = [(e.prompt, e.chosen) for e in examples] + [(e.prompt, e.rejected) for e in examples]
-    return collate_sft([SftExample(p + r, [IGNORE] * len(p) + r) for p, r in seqs], pad_id)
+    return collate_sft([SftExample(p + r, [data.IGNORE] * len(p) + r) for p, r in seqs], pad_id)
+
+
+def dpo_margin(policy: Any, reference: Any, beta: float) -> Any:
+    """DPO's margin from summed log-probs [2B] (chosen, then rejected) of the policy and the
+    reference: beta × how much more the policy prefers each chosen response than the reference
+    does. Arrays of numpy, paddle or torch alike."""
+    n = policy.shape[0] // 2
+    return beta * ((policy[:n] - reference[:n]) - (policy[n:] - reference[n:]))
+
+
+def backward_scaled(loss: Any, scale: float, scaler: Any) -> None:
+    """Backpropagate ``loss × scale`` (a step's share of gradient accumulation), through the
+    mixed-precision loss scaler where there is one (paddle's and torch's alike)."""
+    scaled = loss * scale
+    if scaler is not None:
+        scaler.scale(scaled).backward()
+    else:
+        scaled.backward()
 
 
 def dpo_loss_np(policy: np.ndarray, reference: np.ndarray, beta: float) -> dict:
     """DPO's loss, reward accuracy and margin from summed log-probs [2B] (chosen, rejected)."""
-    n = len(policy) // 2
-    margin = beta * ((policy[:n] - reference[:n]) - (policy[n:] - reference[n:]))
+    margin = dpo_margin(policy, reference, beta)
     loss = np.logaddexp(0, -margin).mean()  # -log sigmoid(margin)
     return {
         "loss": float(loss),
@@ -193,7 +208,14 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
     _recover(checkpoint)
     _recover(workdir / BEST)
     ops.build(spec, tok)
-    state = {"epoch": 0, "step": 0, "best": None, "best_step": 0, "bad_evals": 0, "history": []}
+    state: dict[str, Any] = {
+        "epoch": 0,
+        "step": 0,
+        "best": None,
+        "best_step": 0,
+        "bad_evals": 0,
+        "history": [],
+    }
     if (checkpoint / "state.json").exists():
         ops.load(checkpoint, with_optimizer=True)
         state = json.loads((checkpoint / "state.json").read_text())
@@ -249,27 +271,20 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
                 samples += len(group)
             ops.update(learning_rate(spec, state["step"], total))
             busy += time.perf_counter() - t0
-            state["step"] += 1
-            step = state["step"]
-            loss = figures["loss"]
-            check_finite(loss, step)
-            now = time.monotonic()
-            if now - last_report >= 0.5 or step == total or s == per_epoch - 1:
-                last_report = now
-                rate = samples / busy if busy else 0.0
-                step_events(
-                    emit,
-                    spec,
-                    step=step,
-                    total=total,
-                    epoch=epoch,
-                    loss=loss,
-                    rate=rate,
-                    per_step=hp.batch_size * accum,
-                )
-            if hp.checkpoint_steps and step % hp.checkpoint_steps == 0 and s < per_epoch - 1:
-                state["epoch"] = epoch
-                save_checkpoint()
+            last_report = step_done(
+                emit,
+                spec,
+                state,
+                loss=figures["loss"],
+                total=total,
+                epoch=epoch,
+                last_of_epoch=s == per_epoch - 1,
+                samples=samples,
+                busy=busy,
+                per_step=hp.batch_size * accum,
+                last_report=last_report,
+                save_checkpoint=save_checkpoint,
+            )
         state["epoch"] = epoch + 1
         if examples["dev"]:
             metrics = _loss_metrics(ops, objective, examples["dev"], reference.get("dev"), tok, hp)

@@ -15,8 +15,9 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -117,30 +118,47 @@ def check_finite(loss: float, step: int) -> None:
         raise FloatingPointError(f"the loss is {loss} at step {step}; lower the learning rate")
 
 
-def step_events(
+def step_done(
     emit: Emit,
     spec: JobSpec,
+    state: dict[str, Any],
     *,
-    step: int,
+    loss: float,
     total: int,
     epoch: int,
-    loss: float,
-    rate: float,
+    last_of_epoch: bool,
+    samples: int,
+    busy: float,
     per_step: int,
-) -> None:
-    """The loss and progress events of a step (``rate`` in samples/s, ``per_step`` samples a
-    step); the caller sends them at most twice a second."""
-    left = (total - step) * per_step / rate if rate else None
-    emit("loss", step=step, loss=round(loss, 6), lr=learning_rate(spec, step - 1, total))
-    emit(
-        "progress",
-        step=step,
-        total_steps=total,
-        epoch=epoch + 1,
-        epochs=spec.hp.epochs,
-        samples_per_s=round(rate, 2),
-        eta_s=None if left is None else round(left, 1),
-    )
+    last_report: float,
+    save_checkpoint: Callable[[], None],
+) -> float:
+    """After an optimiser step: count it, stop on a non-finite loss, send the loss and progress
+    events at most twice a second (and at the epoch's and the job's last step; ``samples``
+    trained in ``busy`` seconds so far, ``per_step`` samples a step), save a checkpoint every
+    ``checkpoint_steps`` within an epoch. Returns when the events were last sent."""
+    state["step"] += 1
+    step = state["step"]
+    check_finite(loss, step)
+    now = time.monotonic()
+    if now - last_report >= 0.5 or step == total or last_of_epoch:
+        last_report = now
+        rate = samples / busy if busy else 0.0
+        left = (total - step) * per_step / rate if rate else None
+        emit("loss", step=step, loss=round(loss, 6), lr=learning_rate(spec, step - 1, total))
+        emit(
+            "progress",
+            step=step,
+            total_steps=total,
+            epoch=epoch + 1,
+            epochs=spec.hp.epochs,
+            samples_per_s=round(rate, 2),
+            eta_s=None if left is None else round(left, 1),
+        )
+    if spec.hp.checkpoint_steps and step % spec.hp.checkpoint_steps == 0 and not last_of_epoch:
+        state["epoch"] = epoch
+        save_checkpoint()
+    return last_report
 
 
 def _silent(*args, **kwargs) -> None:
@@ -188,7 +206,14 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         emit = _silent
     elif world > 1:
         emit("log", message=f"{world} processes train this job, each on its share of a batch")
-    state = {"epoch": 0, "step": 0, "best": None, "best_step": 0, "bad_evals": 0, "history": []}
+    state: dict[str, Any] = {
+        "epoch": 0,
+        "step": 0,
+        "best": None,
+        "best_step": 0,
+        "bad_evals": 0,
+        "history": [],
+    }
     if (checkpoint / "state.json").exists():
         ops.load(checkpoint, with_optimizer=True)
         state = json.loads((checkpoint / "state.json").read_text())
@@ -238,26 +263,20 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
             loss = ops.train_step(feed, learning_rate(spec, state["step"], total))
             busy += time.perf_counter() - t0
             samples += len(batch)
-            state["step"] += 1
-            step = state["step"]
-            check_finite(loss, step)
-            now = time.monotonic()
-            if now - last_report >= 0.5 or step == total or i == per_epoch - 1:
-                last_report = now
-                rate = samples / busy if busy else 0.0
-                step_events(
-                    emit,
-                    spec,
-                    step=step,
-                    total=total,
-                    epoch=epoch,
-                    loss=loss,
-                    rate=rate,
-                    per_step=hp.batch_size,
-                )
-            if hp.checkpoint_steps and step % hp.checkpoint_steps == 0 and i < per_epoch - 1:
-                state["epoch"] = epoch
-                save_checkpoint()
+            last_report = step_done(
+                emit,
+                spec,
+                state,
+                loss=loss,
+                total=total,
+                epoch=epoch,
+                last_of_epoch=i == per_epoch - 1,
+                samples=samples,
+                busy=busy,
+                per_step=hp.batch_size,
+                last_report=last_report,
+                save_checkpoint=save_checkpoint,
+            )
         state["epoch"] = epoch + 1
         if dev_rows:
             preds = predict_rows(ops, space, tokenizer, dev_rows, hp.max_seq_length, hp.threshold)

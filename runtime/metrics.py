@@ -9,8 +9,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from runtime.kinds import TaskKind
+
 DIGITS = 6
-CLASSIFICATION_KINDS = ("text_classification", "text_pair")
+CLASSIFICATION_KINDS = (TaskKind.TEXT_CLASSIFICATION, TaskKind.TEXT_PAIR)
 
 
 def evaluate(task_kind: str, labels: list[str], gold: list[dict], predicted: list[dict]) -> dict:

@@ -4,6 +4,9 @@ seconds; and the recommended hyperparameters for each task kind, for presets and
 imported base models (ERNIE 3.0 mini/medium/base, BERT or RoBERTa Chinese).
 """
 
+from typing import Any
+
+from runtime.kinds import GENERATIVE_KINDS
 from runtime.spec import Hyperparameters
 
 # name → the architecture's config (vocab_size comes from the data).
@@ -49,15 +52,14 @@ LLM_PRESETS: dict[str, dict] = {
     },
 }
 DEFAULT_LLM_PRESET = "llama-tiny-char"
-GENERATIVE = ("instruction", "preference")
 
 
 def presets_for(task_kind: str) -> dict[str, dict]:
-    return LLM_PRESETS if task_kind in GENERATIVE else PRESETS
+    return LLM_PRESETS if task_kind in GENERATIVE_KINDS else PRESETS
 
 
 def default_preset(task_kind: str) -> str:
-    return DEFAULT_LLM_PRESET if task_kind in GENERATIVE else DEFAULT_PRESET
+    return DEFAULT_LLM_PRESET if task_kind in GENERATIVE_KINDS else DEFAULT_PRESET
 
 
 # A model trained from scratch needs a larger learning rate than a pretrained one.
@@ -95,7 +97,7 @@ _LLM_PRESET = {
 def recommended(task_kind: str, *, preset: str | None) -> Hyperparameters:
     """The hyperparameters to start from: for a preset (from scratch) or an imported model."""
     if task_kind in _LLM:
-        values = {**_LLM[task_kind], **(_LLM_PRESET if preset else {})}
+        values: dict[str, Any] = {**_LLM[task_kind], **(_LLM_PRESET if preset else {})}
         return Hyperparameters(**values)
     values = dict(_FROM_SCRATCH) if preset else dict(_FINE_TUNE[task_kind])
     values["max_seq_length"] = _MAX_LENGTH[task_kind]

@@ -36,6 +36,7 @@ def run(workdir: Path) -> dict:
     from runtime.backends import get_backend
     from runtime.data import OBJECTIVES, LabelSpace
     from runtime.inference import Predictor, write_manifest
+    from runtime.kinds import GENERATIVE_KINDS
     from runtime.loop import load_split
     from runtime.metrics import evaluate
     from runtime.spec import JobSpec
@@ -57,7 +58,7 @@ def run(workdir: Path) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     files = backend.export(spec, workdir, tmp)
-    if spec.task_kind in OBJECTIVES:
+    if spec.task_kind in GENERATIVE_KINDS:
         write_manifest(
             tmp,
             task_kind=spec.task_kind,

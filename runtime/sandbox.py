@@ -7,8 +7,8 @@ platform's data directory: one of each job attempt's and each loaded revision's 
 cannot read or signal another's processes or files, and every process of it is killed when it
 ends; with no base, ``PLATFORM_RUNNER_USER`` itself, shared by all (weaker).
 
-No Django: the train worker (through ``training.services``) and the serving host (in the
-runtime venv) both use it, so the two sandboxes are one definition.
+No Django: the train worker (through ``training.launch`` and ``training.supervision``) and the
+serving host (in the runtime venv) both use it, so the two sandboxes are one definition.
 
 The data directory stays traversable (``0711``: others may pass through, not list) because
 the jobs' work directories and the serving host's staged models live under it by default;

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import IO, Any, ClassVar
 
 import numpy as np
 
@@ -308,11 +308,13 @@ def _dtype_state(state: Any) -> None:
         raise UnsafeWeights("a dtype is given a state otherwise than numpy pickles one")
 
 
-class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
+class _Unpickler(pickle._Unpickler):
     """Python's own unpickler (its BUILD can be overridden, the C one's cannot), resolving
     only ``_ALLOWED``."""
 
-    dispatch = pickle._Unpickler.dispatch.copy()  # type: ignore[attr-defined]
+    # The opcodes' table, called with this class's instances (load_build below).
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = pickle._Unpickler.dispatch.copy()
+    stack: list[Any]  # pickle's own (set by load()), which typeshed does not declare
 
     def load_build(self) -> None:
         """BUILD (``setstate``/setattr on the object below): numpy's arrays and dtypes, with
@@ -325,7 +327,7 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
             inst.__setstate__(state)
         elif type(inst) is np.dtype or isinstance(inst, np.dtype):
             _dtype_state(state)
-            inst.__setstate__(state)
+            inst.__setstate__(state)  # type: ignore[attr-defined]  # numpy's stubs omit it
             _numbers(inst)
         elif type(inst) is OrderedDict and isinstance(state, dict | type(None)):
             pass
@@ -338,7 +340,7 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     dispatch[pickle.BUILD[0]] = load_build
 
     def __init__(
-        self, file: BinaryIO, source: str, storage: Callable[[Any], Any] | None = None
+        self, file: IO[bytes], source: str, storage: Callable[[Any], Any] | None = None
     ) -> None:
         super().__init__(file)
         self.source = source
@@ -590,7 +592,7 @@ def safetensors_name(name: str) -> str:
 def write_index(path: Path, names: Any) -> None:
     """A one-shard index beside ``path`` (``<name>.index.json``), for loaders that find
     safetensors only through one (PaddleNLP's LoRA)."""
-    index = {"metadata": {"total_size": path.stat().st_size}, "weight_map": {}}
+    index: dict[str, Any] = {"metadata": {"total_size": path.stat().st_size}, "weight_map": {}}
     index["weight_map"] = dict.fromkeys(names, path.name)
     path.with_name(path.name + ".index.json").write_text(json.dumps(index, indent=2), "utf-8")
 

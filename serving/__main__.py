@@ -6,35 +6,48 @@ show in the process list); the host refuses to start without one. ``SERVING_MAX_
 """
 
 import argparse
-import os
 import sys
 
 import uvicorn
 
-from serving.app import MAX_BODY_MB, create_app
+from runtime.env import EnvError, env_float, env_int, env_list, env_str
 
 
 def main(argv: list[str]) -> int:
+    try:
+        # The engines' variables are read as their module loads: a bad one stops the start too.
+        from serving.app import create_app
+        from serving.engines import engines
+        from serving.host import MAX_BODY_MB
+
+        engines()  # SERVING_ENGINE_COMMANDS
+
+        bind = env_str("SERVING_HOST", "127.0.0.1")
+        port = env_int("SERVING_PORT", 8300, min=1, max=65535)
+        default_devices = ",".join(env_list("SERVING_DEVICES", "cpu"))
+        max_body_mb = env_float("SERVING_MAX_BODY_MB", MAX_BODY_MB, min=0.001)
+        secret = env_str("SERVING_SECRET")
+    except EnvError as exc:
+        print(f"python -m serving: environment variable {exc}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m serving")
-    parser.add_argument("--host", default=os.environ.get("SERVING_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("SERVING_PORT", "8300")))
+    parser.add_argument("--host", default=bind, help="the address to listen on (SERVING_HOST)")
+    parser.add_argument("--port", type=int, default=port, help="the port (SERVING_PORT)")
     parser.add_argument(
         "--devices",
-        default=os.environ.get("SERVING_DEVICES", "cpu"),
-        help="the device types this node serves, comma-separated (cpu, gpu, npu…)",
+        default=default_devices,
+        help="the device types this node serves, comma-separated (cpu, gpu, npu…; SERVING_DEVICES)",
     )
     parser.add_argument(
         "--max-body-mb",
         type=float,
-        # A string default goes through type= too: a bad SERVING_MAX_BODY_MB is refused here.
-        default=os.environ.get("SERVING_MAX_BODY_MB") or str(MAX_BODY_MB),
+        default=max_body_mb,
         help="the largest request body, in MB (SERVING_MAX_BODY_MB): a larger one gets 413 "
         "before it is read",
     )
     args = parser.parse_args(argv)
     if args.max_body_mb <= 0:
-        parser.error(f"SERVING_MAX_BODY_MB must be a positive number, not {args.max_body_mb:g}")
-    secret = os.environ.get("SERVING_SECRET", "")
+        parser.error(f"--max-body-mb must be a positive number, not {args.max_body_mb:g}")
     if not secret:
         print(
             "SERVING_SECRET is not set: the serving host needs the platform's shared secret",

@@ -128,6 +128,7 @@ async def complete(
     """Generate for one chat or completions request: one JSON answer, or an event stream."""
     started = time.perf_counter()
     tokenizer = revision.tokenizer
+    assert tokenizer is not None  # set at load; only a ready revision is called
     try:
         # Rendering the model's chat template and tokenising are bounded but not instant: off
         # the event loop, so that one slow request does not hold up the others.

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,58 +23,60 @@ import time
 from pathlib import Path
 
 from runtime import sandbox
+from runtime.env import EnvError, env_float, env_str
+from runtime.net import free_port
 from serving.replica import ROOT, predictor_user
 from serving.revision import Revision, stage_export
 
 BUILTIN = "builtin"
+
+
+def _openai_server(module: str) -> list[str]:
+    """The command of an engine's OpenAI-compatible server, run as ``python -m module``."""
+    return [
+        "{python}",
+        "-m",
+        module,
+        "--model",
+        "{model}",
+        "--served-model-name",
+        "{name}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+    ]
+
+
 # name → the module that tells it is installed, the device types it serves, its command
 # ({model}, {name}, {port} filled in) and its health path.
 ENGINES: dict[str, dict] = {
     "vllm": {
         "module": "vllm",
         "devices": ["gpu"],
-        "command": [
-            "{python}",
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "{model}",
-            "--served-model-name",
-            "{name}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-        ],
+        "command": _openai_server("vllm.entrypoints.openai.api_server"),
         "health": "/health",
     },
     "fastdeploy": {
         "module": "fastdeploy",
         "devices": ["gpu", "xpu", "npu", "dcu"],
-        "command": [
-            "{python}",
-            "-m",
-            "fastdeploy.entrypoints.openai.api_server",
-            "--model",
-            "{model}",
-            "--served-model-name",
-            "{name}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-        ],
+        "command": _openai_server("fastdeploy.entrypoints.openai.api_server"),
         "health": "/health",
     },
 }
-START_TIMEOUT_S = float(os.environ.get("SERVING_ENGINE_START_TIMEOUT_S", "600"))
+START_TIMEOUT_S = env_float("SERVING_ENGINE_START_TIMEOUT_S", 600.0, min=1)
 
 
 def engines() -> dict[str, dict]:
     found = {name: dict(spec) for name, spec in ENGINES.items()}
-    extra = os.environ.get("SERVING_ENGINE_COMMANDS")
+    extra = env_str("SERVING_ENGINE_COMMANDS")
     if extra:
-        found.update(json.loads(extra))
+        try:
+            found.update(json.loads(extra))
+        except (TypeError, ValueError):
+            raise EnvError(
+                f"SERVING_ENGINE_COMMANDS={extra!r}: not a JSON object of engine specs"
+            ) from None
     return found
 
 
@@ -87,12 +88,6 @@ def installed() -> list[str]:
         if not module or importlib.util.find_spec(module) is not None:
             out.append(name)
     return sorted(out)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EngineRevision(Revision):
@@ -122,7 +117,7 @@ class EngineRevision(Revision):
                 raise RuntimeError(f"no engine named {self.engine!r}; known: {sorted(engines())}")
             if self.engine not in installed():
                 raise RuntimeError(f"{self.engine} is not installed on this serving host")
-            self.port = _free_port()
+            self.port = free_port()
             export_dir = Path(self.config["export_dir"])
             self.user = predictor_user(self.key)
             model = await asyncio.get_running_loop().run_in_executor(

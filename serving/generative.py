@@ -117,7 +117,8 @@ class GenerativeRevision(Revision):
             if item.finish_reason is not None:
                 return
 
-    async def _run(self, replica: GenerationReplica, batch: list[Waiting]) -> None:
+    # Its queue holds only Waiting (stream() fills it) and its replicas are GenerationReplica.
+    async def _run(self, replica: GenerationReplica, batch: list[Waiting]) -> None:  # type: ignore[override]
         """One batch generated together: each step's deltas go to their requests' queues."""
         loop = asyncio.get_running_loop()
         by_id = {w.request.id: w for w in batch}
@@ -129,7 +130,7 @@ class GenerativeRevision(Revision):
         requests = [asdict(w.request) for w in batch]
         await loop.run_in_executor(self.pool, replica.generate, requests, on_step)
 
-    def _fail(self, batch: list[Waiting], error: PredictError) -> None:
+    def _fail(self, batch: list[Waiting], error: PredictError) -> None:  # type: ignore[override]
         # After the deltas already scheduled from the generation thread.
         loop = asyncio.get_running_loop()
         for w in batch:

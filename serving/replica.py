@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from runtime import sandbox
+from runtime.env import env_int, env_str
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -37,10 +38,10 @@ def predictor_user(key: str | None = None) -> sandbox.RunnerUser:
     """Whom a revision's predictor and engine processes run as where the host is root: with
     ``key`` (the revision's), a uid of its own claimed for it (PLATFORM_RUNNER_UID_BASE; give
     it back with ``sandbox.release_user``), else PLATFORM_RUNNER_USER (shared)."""
-    name = os.environ.get("PLATFORM_RUNNER_USER", "")
+    name = env_str("PLATFORM_RUNNER_USER")
     if key is None:
         return sandbox.runner_user(name)
-    base = int(os.environ.get("PLATFORM_RUNNER_UID_BASE", "200000") or 0)
+    base = env_int("PLATFORM_RUNNER_UID_BASE", 200000, min=0, empty=0)
     return sandbox.claim_user(name, base, key)
 
 

@@ -18,8 +18,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runtime import sandbox
+from runtime.env import env_path
 from runtime.inference import MANIFEST, read_manifest, sha256_file
 from serving.replica import Replica, predictor_user
 
@@ -41,9 +43,7 @@ class PredictError(Exception):
 def staging_dir() -> Path:
     """Where the host stages the models its predictors read, when they run as another user:
     SERVING_WORK_DIR, else a directory of this host process's under the temporary one."""
-    configured = os.environ.get("SERVING_WORK_DIR")
-    path = Path(configured) if configured else Path(tempfile.gettempdir())
-    path = path / f"staged-{os.getpid()}"
+    path = env_path("SERVING_WORK_DIR", tempfile.gettempdir()) / f"staged-{os.getpid()}"
     path.mkdir(mode=0o711, parents=True, exist_ok=True)
     sandbox.make_traversable(path)
     return path
@@ -75,7 +75,8 @@ class Revision:
         self.error = ""
         self.manifest: dict = {}
         self.replicas: list[Replica] = []
-        self.queue: asyncio.Queue[Pending] = asyncio.Queue()
+        # Pending items; a generative revision's own kind (generative.Waiting) in one.
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.loops: list[asyncio.Task] = []
         self.pool = ThreadPoolExecutor(max_workers=int(self.config["replicas"]) + 1)
         self.load_s: float | None = None

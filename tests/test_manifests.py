@@ -54,13 +54,13 @@ def variables_in(text: str) -> set[str]:
 
 
 def known_variables() -> set[str]:
-    """What the platform reads: console/settings.py (the one place for settings), the
-    processes' own entry points that run without settings (management commands, the serving
-    host), and the Procfile."""
+    """What the platform reads: console/settings.py (the console's settings), the processes'
+    own entry points that run without settings (management commands, the serving host), and
+    the Procfile."""
     sources = [
         ROOT / "console" / "settings.py",
         *sorted(ROOT.glob("*/management/commands/*.py")),
-        *sorted((ROOT / "deployment" / "server").glob("*.py")),
+        *sorted((ROOT / "serving").glob("*.py")),
     ]
     names = {m[1] for path in sources for m in ENV_READ.finditer(path.read_text())}
     return names | variables_in((PLATFORM / "Procfile").read_text())
@@ -615,7 +615,7 @@ def test_nginx_streams_chat_completions_and_takes_uploads():
         (timeout,) = directives(block, "proxy_read_timeout")
         assert seconds(timeout[0]) >= 600
     settings_text = (ROOT / "console" / "settings.py").read_text()
-    upload_mb = re.search(r'"PLATFORM_UPLOAD_MAX_MB",\s*"(\d+)"', settings_text)[1]
+    upload_mb = re.search(r'"PLATFORM_UPLOAD_MAX_MB",\s*"?(\d+)', settings_text)[1]
     sizes = [
         words[1]
         for _path, words, children in walk(tree)

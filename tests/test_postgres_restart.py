@@ -8,7 +8,6 @@ suite's database is not disturbed."""
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,19 +20,14 @@ import psycopg
 import pytest
 import requests
 
-from tests.conftest import ROOT
+from runtime.net import free_port
+from tests.helpers import ROOT
 
 
 def pg_bin() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     path = found[-1] if found else shutil.which("initdb")
     return Path(path).parent if path else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OwnPostgres:
@@ -257,21 +251,20 @@ TRAINING_SETUP = """
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from console.models import Team
-from labeling import services as labeling
-from tests.conftest import make_jsonl_version
-from tests.training.conftest import rows_for
-from training import services
+from labeling.datasets import dataset_create
+from tests.helpers import make_jsonl_version, rows_for
+from training.jobs import training_job_submit
 
 user = get_user_model().objects.get(username="pg-owner")
 team = Team.objects.get(slug="pg")
 with transaction.atomic():  # the import runs here, as in a `db` test
-    dataset = labeling.dataset_create(
+    dataset = dataset_create(
         actor=user, team=team, name="训练", task_kind="text_classification"
     )
     rows, mapping = rows_for("text_classification", 60)
     version = make_jsonl_version(dataset, user, rows, mapping)
 hp = {"epochs": 40, "batch_size": 8, "max_seq_length": 32, "checkpoint_steps": 4}
-job = services.training_job_submit(
+job = training_job_submit(
     actor=user, team=team, dataset_version=version, hyperparameters=hp
 )
 print(job.pk)
@@ -281,7 +274,7 @@ print(job.pk)
 def test_a_training_job_running_through_a_postgres_restart_finishes(
     own_postgres, platform_env, console_on_own_postgres
 ):
-    from tests.conftest import start_train_worker, stop_worker
+    from tests.helpers import start_train_worker, stop_worker
 
     assert console_on_own_postgres[1] == "pg"  # the team of TRAINING_SETUP
     job_id = int(manage(platform_env, "shell", "-c", TRAINING_SETUP).split()[-1])

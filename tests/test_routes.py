@@ -12,7 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from console import services
 from console.models import Membership
 from console.roles import Role
-from tests.conftest import make_version
+from tests.helpers import make_version
 
 # Routes anyone may call without logging in.
 PUBLIC = {"console:login", "console:logout", "set_language", "labeling:label_studio_webhook"}
@@ -62,18 +62,17 @@ class World:
 
 def object_factories(team, owner) -> dict:
     """How to make, in `team`, the object that each URL argument names."""
-    from labeling import services as labeling_services
-    from training import services as training_services
+    from labeling.datasets import dataset_create, upload_create
+    from labeling.projects import labeling_project_create
+    from training.jobs import training_job_submit
     from training.models import BaseModel, ModelVersion
 
     def version():
-        dataset = labeling_services.dataset_create(
-            actor=owner, team=team, name="ds", task_kind="text_classification"
-        )
+        dataset = dataset_create(actor=owner, team=team, name="ds", task_kind="text_classification")
         return make_version(dataset, owner)
 
     v = version()
-    job = training_services.training_job_submit(actor=owner, team=team, dataset_version=v)
+    job = training_job_submit(actor=owner, team=team, dataset_version=v)
     base = BaseModel.objects.create(
         team=team, name="base", backend="paddle", architecture="ernie", storage_prefix="x/"
     )
@@ -88,7 +87,7 @@ def object_factories(team, owner) -> dict:
         runtime="paddle_inference",
         storage_prefix="y/",
     )
-    upload = labeling_services.upload_create(actor=owner, team=team, filename="x.csv", size=10)
+    upload = upload_create(actor=owner, team=team, filename="x.csv", size=10)
     from deployment.models import Endpoint, EndpointKey, Revision
 
     endpoint = Endpoint.objects.create(
@@ -108,9 +107,7 @@ def object_factories(team, owner) -> dict:
         "upload_id": lambda: upload.pk,
         "kind": lambda: "original",
         "user_id": lambda: owner.pk,
-        "project_id": lambda: (
-            labeling_services.labeling_project_create(actor=owner, version=v, name="p").pk
-        ),
+        "project_id": lambda: labeling_project_create(actor=owner, version=v, name="p").pk,
         "training_job_id": lambda: job.pk,
         "base_model_id": lambda: base.pk,
         "model_version_id": lambda: model_version.pk,

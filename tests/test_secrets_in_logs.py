@@ -49,16 +49,14 @@ def test_secrets_are_never_logged_or_stored(client, make_user, make_team, caplog
     assert wrong.get("/api/v1/me/").status_code == 401
 
     from console.models import Team
-    from deployment import services as deployment_services
+    from deployment.keys import endpoint_key_create
     from deployment.models import Endpoint
 
     team = Team.objects.get(slug=created.json()["slug"])
     assert team.memberships.get().role == Role.OWNER
     endpoint = Endpoint.objects.create(team=team, name="secrets", task_kind="text_classification")
     wang = team.memberships.get().user
-    _, endpoint_key = deployment_services.endpoint_key_create(
-        actor=wang, endpoint=endpoint, name="app"
-    )
+    _, endpoint_key = endpoint_key_create(actor=wang, endpoint=endpoint, name="app")
 
     secrets = {PASSWORD, WRONG, NEW_PASSWORD, token, endpoint_key}
     logged = caplog.text + "".join(repr(r.args) for r in caplog.records)

@@ -6,7 +6,7 @@ import dj_database_url
 import pytest
 from django.conf import settings
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def load_settings(env: dict) -> subprocess.CompletedProcess:
@@ -128,3 +128,36 @@ def test_pages_carry_the_security_headers_and_cookie_flags(client, owner, settin
     # An error page shows no traceback or settings.
     missing = client.get("/t/nope/datasets/", **https)
     assert missing.status_code == 404 and b"Traceback" not in missing.content
+
+
+@pytest.mark.parametrize(
+    ("env", "refusal"),
+    [
+        ({"PLATFORM_CPU_SLOTS": "two"}, "PLATFORM_CPU_SLOTS='two': not an integer"),
+        ({"BEHIND_TLS_PROXY": "maybe"}, "BEHIND_TLS_PROXY='maybe': not a boolean"),
+        ({"SERVING_PORT": "70000"}, "SERVING_PORT='70000': must be at most 65535"),
+        ({"TRAINING_MAX_HOURS": "-1"}, "TRAINING_MAX_HOURS='-1': must be at least 0"),
+    ],
+    ids=["bad-integer", "bad-boolean", "out-of-range", "negative"],
+)
+def test_a_bad_value_is_refused_naming_the_variable_and_the_value(env, refusal):
+    result = load_settings({"DEBUG": "1", **env})
+    assert result.returncode != 0
+    assert f"django.core.exceptions.ImproperlyConfigured: environment variable {refusal}" in (
+        result.stderr
+    ), result.stderr
+
+
+def test_the_serving_host_refuses_a_bad_value_at_start():
+    """The serving host reads its variables through the same helpers: a bad one stops it at
+    start with the variable and the value, before it listens."""
+    result = subprocess.run(
+        [settings.TRAINING_PYTHON, "-m", "serving"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "SERVING_SECRET": "s", "SERVING_MAX_BODY_MB": "lots"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "environment variable SERVING_MAX_BODY_MB='lots': not a number" in result.stderr

@@ -1,17 +1,12 @@
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
-from django.utils import translation
 
 from console import services
 from console.models import AuditEvent, Membership
 from console.roles import Role
 
-
-@pytest.fixture(autouse=True)
-def english():
-    with translation.override("en"):
-        yield
+pytestmark = pytest.mark.usefixtures("english")
 
 
 def actions(team=None) -> list[str]:

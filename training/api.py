@@ -1,4 +1,5 @@
-"""REST API of training, under /api/v1/teams/<team>/. Thin: services write, selectors read."""
+"""REST API of training, under /api/v1/teams/<team>/. Thin: base_models, jobs and registry
+write, selectors read."""
 
 import tempfile
 
@@ -8,15 +9,13 @@ from rest_framework import status
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from console.api import service_call
+from console.api import TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
-from console.permissions import TeamPermission
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from runtime.presets import LLM_PRESETS, PRESETS
-from training import selectors, services
+from training import base_models, jobs, registry, selectors
 from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,
@@ -33,8 +32,7 @@ from training.serializers import (
 )
 
 
-class TrainingAPIView(APIView):
-    permission_classes = [TeamPermission]
+class TrainingAPIView(TeamAPIView):
     write_permission = Perm.TRAINING_WRITE
 
     def job(self):
@@ -61,15 +59,14 @@ class BaseModelListCreate(PaginatedList, TrainingAPIView):
 
     @extend_schema(request=BaseModelImportSerializer, responses={201: BaseModelSerializer})
     def post(self, request: Request, team: str) -> Response:
-        serializer = BaseModelImportSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(BaseModelImportSerializer, request)
         model = service_call(
-            services.base_model_import,
+            base_models.base_model_import,
             actor=request.user,
             team=request.team,
-            **serializer.validated_data,
+            **data,
         )
-        return Response(BaseModelSerializer(model).data, status=status.HTTP_201_CREATED)
+        return created(BaseModelSerializer, model)
 
 
 class BaseModelDetail(TrainingAPIView):
@@ -84,14 +81,13 @@ class BaseModelDetail(TrainingAPIView):
     def patch(self, request: Request, team: str, base_model_id: int) -> Response:
         """Site staff: share the model with every team of the site, or take it back."""
         model = selectors.base_model_get(request.team, base_model_id)
-        serializer = BaseModelShareSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(BaseModelShareSerializer, request)
         model = service_call(
-            services.base_model_set_shared,
+            base_models.base_model_set_shared,
             actor=request.user,
             team=request.team,
             model=model,
-            shared=serializer.validated_data["shared"],
+            shared=data["shared"],
         )
         return Response(BaseModelSerializer(model).data)
 
@@ -103,19 +99,17 @@ class JobListCreate(PaginatedList, TrainingAPIView):
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def post(self, request: Request, team: str) -> Response:
-        serializer = JobSubmitSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
+        data = validated(JobSubmitSerializer, request)
         dataset = dataset_get(request.team, data.pop("dataset_id"))
         version = version_get(dataset, data.pop("dataset_version"))
         job = service_call(
-            services.training_job_submit,
+            jobs.training_job_submit,
             actor=request.user,
             team=request.team,
             dataset_version=version,
             **data,
         )
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return created(JobSerializer, job)
 
 
 class JobDetail(TrainingAPIView):
@@ -142,29 +136,28 @@ class JobEvents(TrainingAPIView):
 class JobCancel(TrainingAPIView):
     @extend_schema(request=None, responses=JobSerializer)
     def post(self, request: Request, team: str, training_job_id: int) -> Response:
-        job = service_call(services.training_job_cancel, actor=request.user, job=self.job())
+        job = service_call(jobs.training_job_cancel, actor=request.user, job=self.job())
         return Response(JobSerializer(job).data)
 
 
 class JobRetry(TrainingAPIView):
     @extend_schema(request=None, responses={201: JobSerializer})
     def post(self, request: Request, team: str, training_job_id: int) -> Response:
-        job = service_call(services.training_job_retry, actor=request.user, job=self.job())
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        job = service_call(jobs.training_job_retry, actor=request.user, job=self.job())
+        return created(JobSerializer, job)
 
 
 class JobClone(TrainingAPIView):
     @extend_schema(request=JobCloneSerializer, responses={201: JobSerializer})
     def post(self, request: Request, team: str, training_job_id: int) -> Response:
-        serializer = JobCloneSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(JobCloneSerializer, request)
         job = service_call(
-            services.training_job_clone,
+            jobs.training_job_clone,
             actor=request.user,
             job=self.job(),
-            changes=dict(serializer.validated_data),
+            changes=data,
         )
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return created(JobSerializer, job)
 
 
 class ModelVersionList(PaginatedList, TrainingAPIView):
@@ -178,15 +171,14 @@ class ModelVersionList(PaginatedList, TrainingAPIView):
     @extend_schema(request=ModelImportSerializer, responses={201: ModelVersionSerializer})
     def post(self, request: Request, team: str) -> Response:
         """Import a model version from another site's archive (its download)."""
-        serializer = ModelImportSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(ModelImportSerializer, request)
         version = service_call(
-            services.model_version_import,
+            registry.model_version_import,
             actor=request.user,
             team=request.team,
-            archive=serializer.validated_data["archive"],
+            archive=data["archive"],
         )
-        return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+        return created(ModelVersionSerializer, version)
 
 
 class ModelVersionDetail(TrainingAPIView):
@@ -198,7 +190,7 @@ class ModelVersionDetail(TrainingAPIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, team: str, model_version_id: int) -> Response:
         version = selectors.model_version_get(request.team, model_version_id)
-        service_call(services.model_version_delete, actor=request.user, version=version)
+        service_call(registry.model_version_delete, actor=request.user, version=version)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -210,15 +202,14 @@ class ModelVersionBaseModel(TrainingAPIView):
     @extend_schema(request=BaseModelFromVersionSerializer, responses={201: BaseModelSerializer})
     def post(self, request: Request, team: str, model_version_id: int) -> Response:
         version = selectors.model_version_get(request.team, model_version_id)
-        serializer = BaseModelFromVersionSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = validated(BaseModelFromVersionSerializer, request)
         model = service_call(
-            services.base_model_from_version,
+            base_models.base_model_from_version,
             actor=request.user,
             version=version,
-            name=serializer.validated_data["name"],
+            name=data["name"],
         )
-        return Response(BaseModelSerializer(model).data, status=status.HTTP_201_CREATED)
+        return created(BaseModelSerializer, model)
 
 
 class ModelVersionDownload(TrainingAPIView):
@@ -231,7 +222,7 @@ class ModelVersionDownload(TrainingAPIView):
 def model_archive_response(version) -> FileResponse:
     """The version as one .tar.gz (spooled to disk: models are large)."""
     out = tempfile.TemporaryFile()
-    services.model_version_archive(version, out)
+    registry.model_version_archive(version, out)
     out.seek(0)
     return FileResponse(
         out, as_attachment=True, filename=f"{version.name}-v{version.number}.tar.gz"

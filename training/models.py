@@ -1,13 +1,12 @@
 import uuid
 
-from django.conf import settings
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from console.models import Team
+from console.models import Created, Team
 from labeling.models import DatasetVersion
-from labeling.task_kinds import TaskKind
+from labeling.task_kinds import KIND_CHOICES
 
 
 class Backend(models.TextChoices):
@@ -15,7 +14,7 @@ class Backend(models.TextChoices):
     TORCH = "torch", "PyTorch (Transformers)"
 
 
-class BaseModel(models.Model):
+class BaseModel(Created):
     """A pretrained model carried into the site and imported from disk: its files in storage,
     each with its sha256 in ``manifest``. ``team`` empty: shared by every team of the site."""
 
@@ -30,10 +29,6 @@ class BaseModel(models.Model):
     manifest = models.JSONField(default=dict)  # {"files": {path: {"sha256", "size"}}}
     storage_prefix = models.CharField(max_length=255)
     source = models.CharField(max_length=500, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["name"]
@@ -49,7 +44,7 @@ class BaseModel(models.Model):
         return sum(f["size"] for f in self.manifest.get("files", {}).values())
 
 
-class TrainingJob(models.Model):
+class TrainingJob(Created):
     class Status(models.TextChoices):
         QUEUED = "queued", _("queued")
         RUNNING = "running", _("running")
@@ -72,7 +67,7 @@ class TrainingJob(models.Model):
     dataset_version = models.ForeignKey(
         DatasetVersion, on_delete=models.PROTECT, related_name="training_jobs"
     )
-    task_kind = models.CharField(max_length=32, choices=TaskKind.choices)
+    task_kind = models.CharField(max_length=32, choices=KIND_CHOICES)
     labels = models.JSONField(default=list)
     base_model = models.ForeignKey(
         BaseModel, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
@@ -119,10 +114,6 @@ class TrainingJob(models.Model):
     epochs = models.PositiveIntegerField(default=0)
     samples_per_s = models.FloatField(null=True, blank=True)
     eta_s = models.FloatField(null=True, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     first_step_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -168,7 +159,7 @@ class TrainingEvent(models.Model):
         return f"{self.job_id} {self.kind}"
 
 
-class ModelVersion(models.Model):
+class ModelVersion(Created):
     """A trained (or imported) model: its exported artifact and best checkpoint in storage, the
     evaluation on the test split, and its lineage (dataset version → job → model version)."""
 
@@ -192,7 +183,7 @@ class ModelVersion(models.Model):
         on_delete=models.PROTECT,
         related_name="model_versions",
     )
-    task_kind = models.CharField(max_length=32, choices=TaskKind.choices)
+    task_kind = models.CharField(max_length=32, choices=KIND_CHOICES)
     labels = models.JSONField(default=list)
     backend = models.CharField(max_length=16, choices=Backend.choices)
     runtime = models.CharField(max_length=32)
@@ -206,10 +197,6 @@ class ModelVersion(models.Model):
     files = models.JSONField(default=dict)  # {relative path: {"sha256", "size"}}
     # Lineage as it was where the model was trained, for an imported version.
     provenance = models.JSONField(default=dict, blank=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["name", "-number"]

@@ -1,9 +1,12 @@
 """Reads of the training app, shared by console views and the API; all scoped to a team."""
 
+from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
+from django.utils.translation import gettext as _
 
 from console.models import Team
+from runtime.presets import LLM_PRESETS, PRESETS
 from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 
 
@@ -71,3 +74,29 @@ def team_model_version_bytes(team: Team) -> int:
     """What the team's model versions take in storage (console.quotas)."""
     files = ModelVersion.objects.filter(team=team).values_list("files", flat=True)
     return sum(f["size"] for fs in files for f in fs.values())
+
+
+def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
+    """The team's own base model of this name for ``backend``, else the site's shared one of that
+    name (the team's always wins, on every database: two queries, not an order of NULLs); an
+    error that lists what is imported otherwise."""
+    candidates = team_base_models(team).filter(backend=backend)
+    found = (
+        candidates.filter(name=name, team=team).first()
+        or candidates.filter(name=name, team__isnull=True).first()
+    )
+    if found is None:
+        names = ", ".join(candidates.values_list("name", flat=True)) or _("none")
+        raise ValidationError(
+            _(
+                "No base model named “%(name)s” is imported for the %(backend)s backend. "
+                "Imported: %(names)s. Presets: %(presets)s."
+            )
+            % {
+                "name": name,
+                "backend": backend,
+                "names": names,
+                "presets": ", ".join([*PRESETS, *LLM_PRESETS]),
+            }
+        )
+    return found

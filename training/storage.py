@@ -14,6 +14,8 @@ from django.core.files import File
 from django.core.files.storage import default_storage
 from django.utils.translation import gettext as _
 
+MODEL_EXPORT = "export/"  # where a model version's export lies under its storage prefix
+
 
 def store_dir(local: Path, prefix: str) -> dict[str, dict]:
     """Copy every file under ``local`` into storage at ``prefix``; {relative path: sha256, size}."""
@@ -49,6 +51,11 @@ def fetch_dir(
                     progress()
         if digest.hexdigest() != meta["sha256"]:
             raise ValueError(f"{rel} in storage does not match its sha256: the file is damaged")
+
+
+def dir_size(directory: Path) -> int:
+    """The bytes of the files under ``directory``: what storing it takes of a team's quota."""
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
 def delete_prefix(prefix: str, files: dict[str, dict]) -> None:

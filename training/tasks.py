@@ -1,7 +1,7 @@
 from celery import shared_task
 from django.db import DatabaseError
 
-from training import services
+from training import scheduling, supervision
 
 
 # No result is stored: a job that waited is sent again under the same task id, and Celery does
@@ -27,17 +27,17 @@ def run_training_job(self, job_id: int) -> None:
     unreachable (or locked) mid-way: the runner is stopped and the task retried with backoff;
     the job resumes from its checkpoint."""
     try:
-        job = services.training_job_claim(job_id, self.request.hostname or "")
-    except services.JobMustWait:
+        job = scheduling.training_job_claim(job_id, self.request.hostname or "")
+    except scheduling.JobMustWait:
         # Sent again in a few seconds, on its device type's queue (another node may take it);
         # not a retry, which would count against the database errors' retries.
-        services.training_job_wait(job_id)
+        scheduling.training_job_wait(job_id)
         return
     if job is not None:
         try:
-            services.training_job_execute(job)
+            supervision.training_job_execute(job)
         finally:
-            services.training_job_release_devices(job)
+            scheduling.training_job_release_devices(job)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=False, ignore_result=True)
@@ -45,10 +45,10 @@ def run_training_job_part(job_id: int, part: int, attempt: int) -> None:
     """One node's part of a job that spans nodes (queue ``node.<name>`` of that node). Not
     given back when its worker dies: the job's first node sees its processes fail, and the
     job's next attempt starts every part anew."""
-    services.training_job_part_execute(job_id, part, attempt)
+    supervision.training_job_part_execute(job_id, part, attempt)
 
 
 @shared_task
 def reconcile_training_jobs() -> None:
     """Scheduled by beat: queue again the running jobs whose worker stopped beating."""
-    services.training_jobs_reconcile()
+    scheduling.training_jobs_reconcile()

@@ -15,12 +15,15 @@ from console.hardware import profiles
 from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
-from runtime.data import OBJECTIVES
 from runtime.estimate import estimates
+from runtime.kinds import GENERATIVE_KINDS
 from runtime.presets import LLM_PRESETS, PRESETS
-from training import api, selectors, services
+from training import api, selectors
+from training.base_models import base_model_from_version, base_model_import
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm
+from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import TrainingJob
+from training.registry import model_version_delete, model_version_import
 
 
 def _error_text(exc: ValidationError | PermissionDenied) -> str:
@@ -51,29 +54,35 @@ def jobs(request: HttpRequest) -> HttpResponse:
     )
 
 
-@team_view(write=Perm.TRAINING_WRITE)
-def job_new(request: HttpRequest) -> HttpResponse:
-    base_models = selectors.team_base_models(request.team)
-    initial = {"model": "preset:"}
-    if request.GET.get("version"):
-        initial["dataset_version"] = request.GET["version"]
+def _job_form_page(
+    request: HttpRequest, initial: dict, origin: TrainingJob | None = None
+) -> HttpResponse:
+    """The new-job page (a clone of ``origin`` where given): the form, and the job it submits."""
     form = JobForm(
         request.POST or None,
         team=request.team,
-        base_models=base_models,
+        base_models=selectors.team_base_models(request.team),
         initial=initial,
         top_priority=_top_priority(request),
     )
     if request.method == "POST" and form.is_valid():
         try:
-            job = services.training_job_submit(
-                actor=request.user, team=request.team, **form.job_fields()
+            job = training_job_submit(
+                actor=request.user, team=request.team, origin=origin, **form.job_fields()
             )
         except (ValidationError, PermissionDenied) as exc:
             form.add_error(None, _error_text(exc))
         else:
             return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
-    return render(request, "training/job_new.html", {"form": form})
+    return render(request, "training/job_new.html", {"form": form, "origin": origin})
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+def job_new(request: HttpRequest) -> HttpResponse:
+    initial = {"model": "preset:"}
+    if request.GET.get("version"):
+        initial["dataset_version"] = request.GET["version"]
+    return _job_form_page(request, initial)
 
 
 @team_view()
@@ -107,16 +116,14 @@ def _job_action(
 @team_view(write=Perm.TRAINING_WRITE)
 @require_POST
 def job_cancel(request: HttpRequest, training_job_id: int) -> HttpResponse:
-    return _job_action(
-        request, training_job_id, services.training_job_cancel, _("The job is cancelled.")
-    )
+    return _job_action(request, training_job_id, training_job_cancel, _("The job is cancelled."))
 
 
 @team_view(write=Perm.TRAINING_WRITE)
 @require_POST
 def job_retry(request: HttpRequest, training_job_id: int) -> HttpResponse:
     return _job_action(
-        request, training_job_id, services.training_job_retry, _("A new job retries this one.")
+        request, training_job_id, training_job_retry, _("A new job retries this one.")
     )
 
 
@@ -137,24 +144,7 @@ def job_clone(request: HttpRequest, training_job_id: int) -> HttpResponse:
         "name": f"{source.name} (clone)",
         **source.hyperparameters,
     }
-    base_models = selectors.team_base_models(request.team)
-    form = JobForm(
-        request.POST or None,
-        team=request.team,
-        base_models=base_models,
-        initial=initial,
-        top_priority=_top_priority(request),
-    )
-    if request.method == "POST" and form.is_valid():
-        try:
-            job = services.training_job_submit(
-                actor=request.user, team=request.team, origin=source, **form.job_fields()
-            )
-        except (ValidationError, PermissionDenied) as exc:
-            form.add_error(None, _error_text(exc))
-        else:
-            return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
-    return render(request, "training/job_new.html", {"form": form, "origin": source})
+    return _job_form_page(request, initial, origin=source)
 
 
 @team_view(write=Perm.TRAINING_WRITE)
@@ -169,7 +159,7 @@ def models(request: HttpRequest) -> HttpResponse:
     form = ModelImportForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         try:
-            version = services.model_version_import(
+            version = model_version_import(
                 actor=request.user, team=request.team, archive=form.cleaned_data["archive"]
             )
         except ValidationError as exc:
@@ -235,7 +225,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
     version = selectors.model_version_get(request.team, model_version_id)
     if request.method == "POST" and request.POST.get("action") == "delete":
         try:
-            services.model_version_delete(actor=request.user, version=version)
+            model_version_delete(actor=request.user, version=version)
         except ValidationError as exc:
             messages.error(request, _error_text(exc))
         else:
@@ -245,7 +235,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
         if not _can(request, Perm.MODEL_IMPORT):
             raise PermissionDenied
         try:
-            model = services.base_model_from_version(
+            model = base_model_from_version(
                 actor=request.user, version=version, name=request.POST.get("name", "")
             )
         except ValidationError as exc:
@@ -265,7 +255,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "can_write": _can(request, Perm.TRAINING_WRITE),
             "can_deploy": _can(request, Perm.DEPLOYMENT_WRITE),
             "can_import": _can(request, Perm.MODEL_IMPORT),
-            "generative": version.task_kind in OBJECTIVES,
+            "generative": version.task_kind in GENERATIVE_KINDS,
         },
     )
 
@@ -308,7 +298,7 @@ def base_models(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            model = services.base_model_import(
+            model = base_model_import(
                 actor=request.user,
                 team=request.team,
                 name=data["name"],

@@ -159,6 +159,8 @@ nodeps=()
 if [ "$subset" = 1 ]; then nodeps=(--no-deps); fi
 pip_install "$root/.venv" --find-links "$wheelhouse/platform" \
   ${nodeps[@]+"${nodeps[@]}"} -e "$root"
+pip_install "$root/.venv" --find-links "$wheelhouse/platform" --no-deps \
+  -e "$root/platform/runtime-dist"
 touch "$root/.venv/.installed"
 
 if [[ "$venvs" == *" runtime "* ]]; then

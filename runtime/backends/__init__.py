@@ -30,11 +30,14 @@ class Backend(ABC):
     name: str = ""
     # The runtime its exports run on: "paddle_inference", "onnxruntime"…
     runtime: str = ""
+    # The runtime its generative exports run on: "paddle_generate", "torch_generate".
+    generative_runtime: str = ""
 
     @abstractmethod
-    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
+    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any] | None:
         """Train on ``workdir/data``; checkpoints in ``workdir/checkpoint`` (resume from it if
-        present), the best weights, config and vocab.txt in ``workdir/best``."""
+        present), the best weights, config and vocab.txt in ``workdir/best``. Returns the
+        training state (best metric, history…) where the backend keeps one."""
 
     @abstractmethod
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:

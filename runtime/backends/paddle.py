@@ -8,11 +8,13 @@
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from runtime.backends import Backend, Emit
-from runtime.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
+from runtime.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
+from runtime.kinds import GENERATIVE_KINDS
 from runtime.loop import BEST, VOCAB, fit
 from runtime.presets import PRESETS
 from runtime.spec import JobSpec
@@ -95,6 +97,7 @@ class PaddleOps:
             config = ErnieConfig.from_pretrained(spec.base_model_dir)
             config.num_labels = space.num_outputs
         else:
+            assert spec.preset, "a spec without a base model names a preset"
             arch = {**PRESETS[spec.preset], **spec.model_config}
             config = ErnieConfig(vocab_size=vocab_size, num_labels=space.num_outputs, **arch)
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.hp.dropout
@@ -193,8 +196,8 @@ class PaddleBackend(Backend):
     runtime = "paddle_inference"
     generative_runtime = "paddle_generate"
 
-    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
-        if spec.task_kind in OBJECTIVES:
+    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any]:
+        if spec.task_kind in GENERATIVE_KINDS:
             from runtime import llm
             from runtime.backends.paddle_llm import PaddleLLMOps
 
@@ -203,7 +206,7 @@ class PaddleBackend(Backend):
         return fit(spec, workdir, emit, PaddleOps())
 
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
-        if spec.task_kind in OBJECTIVES:
+        if spec.task_kind in GENERATIVE_KINDS:
             from runtime import llm
 
             return llm.export(spec, workdir, out_dir, self.llm)

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from runtime.backends.paddle import load_paddle_state, paddle_device, save_paddle_state
-from runtime.chat import IGNORE, ChatTokenizer
+from runtime.chat import ChatTokenizer
+from runtime.data import IGNORE
 from runtime.generation import position_ids
-from runtime.llm import lora_targets
+from runtime.llm import backward_scaled, dpo_margin, lora_targets
 from runtime.presets import LLM_PRESETS
 from runtime.spec import JobSpec
 from runtime.weights import refuse_pickles
@@ -49,6 +50,7 @@ class PaddleLLMOps:
                 spec.base_model_dir, dtype="float32", recompute=hp.recompute, use_safetensors=True
             )
         else:
+            assert spec.preset, "a spec without a base model names a preset"
             arch = {**LLM_PRESETS[spec.preset], **spec.model_config}
             config = LlamaConfig(
                 vocab_size=tokenizer.vocab_size,
@@ -114,16 +116,11 @@ class PaddleLLMOps:
         if objective == "sft":
             loss = -sums.sum() / paddle.clip(counts.sum(), min=1.0)
         else:
-            n = sums.shape[0] // 2
             ref = paddle.to_tensor(batch["reference"].astype("float32"))
-            margin = self.spec.hp.dpo_beta * ((sums[:n] - ref[:n]) - (sums[n:] - ref[n:]))
+            margin = dpo_margin(sums, ref, self.spec.hp.dpo_beta)
             loss = -F.log_sigmoid(margin).mean()
             figures["accuracy"] = float((margin > 0).astype("float32").mean())
-        scaled = loss * scale
-        if self.scaler is not None:
-            self.scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
+        backward_scaled(loss, scale, self.scaler)
         return {"loss": float(loss), **figures}
 
     def update(self, lr: float) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from runtime.backends import Backend, Emit
-from runtime.data import IGNORE, MULTI, OBJECTIVES, SINGLE, TOKEN, LabelSpace
+from runtime.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
+from runtime.kinds import GENERATIVE_KINDS
 from runtime.loop import BEST, VOCAB, fit
 from runtime.presets import PRESETS
 from runtime.spec import JobSpec
@@ -124,6 +125,7 @@ def load_torch_state(directory: Path, device: Any) -> Any:
 def bert_config(spec: JobSpec, vocab_size: int, num_labels: int) -> Any:
     from transformers import BertConfig
 
+    assert spec.preset, "a spec without a base model names a preset"
     arch = {**PRESETS[spec.preset], **spec.model_config}
     arch = {BERT_NAMES.get(k, k): v for k, v in arch.items() if k not in FROM_ARGUMENTS}
     arch.update(hidden_dropout_prob=spec.hp.dropout, attention_probs_dropout_prob=spec.hp.dropout)
@@ -160,7 +162,8 @@ class TorchOps:
             self.model = head_classes(space.head, auto=False)(config)
         self.model.to(self.device)
         self.token_types = accepts_token_types(self.model)
-        decay, no_decay = [], []
+        decay: list[Any] = []
+        no_decay: list[Any] = []
         for name, param in self.model.named_parameters():
             lowered = name.lower()
             skip = "bias" in lowered or "layernorm" in lowered or "layer_norm" in lowered
@@ -291,8 +294,8 @@ class TorchBackend(Backend):
     runtime = "onnxruntime"
     generative_runtime = "torch_generate"
 
-    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> None:
-        if spec.task_kind in OBJECTIVES:
+    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any]:
+        if spec.task_kind in GENERATIVE_KINDS:
             from runtime import llm
             from runtime.backends.torch_llm import TorchLLMOps
 
@@ -301,7 +304,7 @@ class TorchBackend(Backend):
         return fit(spec, workdir, emit, TorchOps())
 
     def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
-        if spec.task_kind in OBJECTIVES:
+        if spec.task_kind in GENERATIVE_KINDS:
             from runtime import llm
 
             return llm.export(spec, workdir, out_dir, self.llm)

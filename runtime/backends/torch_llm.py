@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from runtime.backends.torch import head_classes, load_torch_state, save_torch_state, torch_device
-from runtime.chat import IGNORE, ChatTokenizer
+from runtime.chat import ChatTokenizer
+from runtime.data import IGNORE
 from runtime.generation import position_ids
-from runtime.llm import lora_targets
+from runtime.llm import backward_scaled, dpo_margin, lora_targets
 from runtime.presets import LLM_PRESETS
 from runtime.spec import JobSpec
 from runtime.weights import refuse_pickles
@@ -42,6 +43,7 @@ class TorchLLMOps:
                 use_safetensors=True,
             )
         else:
+            assert spec.preset, "a spec without a base model names a preset"
             arch = {
                 k: v
                 for k, v in {**LLM_PRESETS[spec.preset], **spec.model_config}.items()
@@ -113,16 +115,11 @@ class TorchLLMOps:
         if objective == "sft":
             loss = -sums.sum() / counts.sum().clamp(min=1.0)
         else:
-            n = sums.shape[0] // 2
             ref = torch.from_numpy(batch["reference"]).float().to(self.device)
-            margin = self.spec.hp.dpo_beta * ((sums[:n] - ref[:n]) - (sums[n:] - ref[n:]))
+            margin = dpo_margin(sums, ref, self.spec.hp.dpo_beta)
             loss = -F.logsigmoid(margin).mean()
             figures["accuracy"] = float((margin > 0).float().mean())
-        scaled = loss * scale
-        if self.scaler is not None:
-            self.scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
+        backward_scaled(loss, scale, self.scaler)
         return {"loss": float(loss), **figures}
 
     def update(self, lr: float) -> None:

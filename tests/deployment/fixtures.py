@@ -12,8 +12,7 @@ import pytest
 import requests
 from django.conf import settings
 
-from tests.conftest import ROOT
-from tests.training.conftest import rows_for
+from tests.helpers import ROOT, rows_for
 
 LABELS = {
     "text_classification": ["正面", "负面"],
@@ -79,7 +78,7 @@ def train_llm_export(kind: str, workdir: Path, backend: str = "paddle") -> Path:
 
 def _run_runner(workdir: Path, backend: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if backend == "paddle":  # as training.services.runner_env: no torch import for paddle
+    if backend == "paddle":  # as training.launch.runner_env: no torch import for paddle
         env.update(USE_TORCH="0", USE_TF="0")
     for var in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL"):
         env.pop(var, None)
@@ -118,16 +117,7 @@ def bare_generate(export: Path, conversations: list[list[dict]], **params) -> li
         "reqs = [GenerationRequest(g.chat_prompt(c), **args['params']) for c in args['convs']]\n"
         "print(json.dumps(g.generate(reqs), ensure_ascii=False))\n"
     )
-    proc = subprocess.run(
-        [settings.TRAINING_PYTHON, "-c", code, str(export)],
-        input=json.dumps({"convs": conversations, "params": params}, ensure_ascii=False),
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_runtime(code, export, {"convs": conversations, "params": params})
 
 
 @pytest.fixture(scope="session")
@@ -152,9 +142,15 @@ def bare_predict(export: Path, items: list) -> list[dict]:
         "p = Predictor.load(sys.argv[1])\n"
         "print(json.dumps(p.predict(json.loads(sys.stdin.read())), ensure_ascii=False))\n"
     )
+    return in_runtime(code, export, items)
+
+
+def in_runtime(code: str, export: Path, payload) -> list:
+    """What ``code`` prints last as JSON, run in the runtime venv on ``export`` (its argv[1])
+    with ``payload`` as JSON on its stdin."""
     proc = subprocess.run(
         [settings.TRAINING_PYTHON, "-c", code, str(export)],
-        input=json.dumps(items, ensure_ascii=False),
+        input=json.dumps(payload, ensure_ascii=False),
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -119,10 +119,10 @@ def test_endpoint_keys_expire_through_the_api_the_page_and_the_host(
 
     from django.utils import timezone
 
-    from deployment import services
     from deployment.models import EndpointKey
+    from deployment.rollout import endpoint_deploy
 
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=model_version())
     keys = f"/api/v1/teams/{team.slug}/endpoints/{endpoint.pk}/keys/"
     made = api.post(keys, {"name": "month", "expires_in_days": 30}, "application/json")
     assert made.status_code == 201, made.content

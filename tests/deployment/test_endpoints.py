@@ -8,20 +8,31 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from console.models import AuditEvent
-from deployment import selectors, services
+from deployment import selectors
+from deployment.hosts import endpoint_predict
+from deployment.keys import endpoint_key_create, endpoint_key_revoke
+from deployment.metrics import metrics_collect, metrics_prune
 from deployment.models import MetricSample, Placement, Revision, ServingHost
-from training import services as training_services
+from deployment.reconcile import endpoints_reconcile
+from deployment.rollout import (
+    endpoint_delete,
+    endpoint_deploy,
+    endpoint_rollback,
+    revision_add,
+    revision_promote,
+)
+from training.registry import model_version_delete
 
 
 def converge(host, endpoint, timeout: float = 90) -> None:
     """Run the reconciler until every active revision of ``endpoint`` is ready on the host."""
     deadline = time.monotonic() + timeout
     while True:
-        services.endpoints_reconcile()
+        endpoints_reconcile()
         active = endpoint.revisions.filter(status=Revision.Status.ACTIVE)
         states = [p.state for p in Placement.objects.filter(revision__in=active)]
         if len(states) == active.count() and set(states) == {"ready"}:
-            services.endpoints_reconcile()  # routes, and unloads what was replaced
+            endpoints_reconcile()  # routes, and unloads what was replaced
             return
         assert "failed" not in states, list(Placement.objects.values("state", "error"))
         assert time.monotonic() < deadline, states
@@ -39,27 +50,27 @@ def revisions_seen(host, name: str, key: str, n: int = 40) -> Counter:
 
 def test_deploy_canary_promote_roll_back(db, fresh_host, owner, team, model_version):
     v1, v2 = model_version(seed=0), model_version(seed=1)
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=v1)
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=v1)
     assert endpoint.name == "reviews"
-    key, plain = services.endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
+    key, plain = endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
     assert plain.startswith("mpe_") and plain not in key.key_hash
     converge(fresh_host, endpoint)
     first = endpoint.revisions.get()
     assert revisions_seen(fresh_host, "reviews", plain, 5) == {first.key: 5}
 
-    canary = services.revision_add(actor=owner, endpoint=endpoint, model_version=v2, weight=30)
+    canary = revision_add(actor=owner, endpoint=endpoint, model_version=v2, weight=30)
     first.refresh_from_db()
     assert (first.weight, canary.weight) == (70, 30)
     converge(fresh_host, endpoint)
     seen = revisions_seen(fresh_host, "reviews", plain, 60)
     assert seen[canary.key] > 5 and seen[first.key] > 20
 
-    services.revision_promote(actor=owner, revision=canary)
+    revision_promote(actor=owner, revision=canary)
     converge(fresh_host, endpoint)
     assert revisions_seen(fresh_host, "reviews", plain, 10) == {canary.key: 10}
     assert set(fresh_host.state()["revisions"]) == {canary.key}  # the old one was unloaded
 
-    back = services.endpoint_rollback(actor=owner, endpoint=endpoint)
+    back = endpoint_rollback(actor=owner, endpoint=endpoint)
     assert back == first
     converge(fresh_host, endpoint)
     assert revisions_seen(fresh_host, "reviews", plain, 10) == {first.key: 10}
@@ -67,13 +78,13 @@ def test_deploy_canary_promote_roll_back(db, fresh_host, owner, team, model_vers
     assert endpoint.stable_revision == first
 
     # A canary rolled back: all traffic returns to the stable revision at once.
-    services.revision_add(actor=owner, endpoint=endpoint, model_version=v2, weight=50)
-    services.endpoint_rollback(actor=owner, endpoint=endpoint)
+    revision_add(actor=owner, endpoint=endpoint, model_version=v2, weight=50)
+    endpoint_rollback(actor=owner, endpoint=endpoint)
     first.refresh_from_db()
     assert first.weight == 100
     assert list(endpoint.revisions.filter(status="active")) == [first]
     with pytest.raises(ValidationError, match="nothing to roll back"):
-        services.endpoint_rollback(actor=owner, endpoint=endpoint)
+        endpoint_rollback(actor=owner, endpoint=endpoint)
 
     actions = list(
         AuditEvent.objects.filter(team=team, action__startswith="endpoint.")
@@ -94,16 +105,16 @@ def test_deploy_canary_promote_roll_back(db, fresh_host, owner, team, model_vers
 def test_a_restarted_host_is_restored_and_revoked_keys_refused(
     db, fresh_host, owner, team, model_version
 ):
-    endpoint = services.endpoint_deploy(
+    endpoint = endpoint_deploy(
         actor=owner, team=team, model_version=model_version(), max_batch_size=4
     )
-    key, plain = services.endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
+    key, plain = endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
     converge(fresh_host, endpoint)
     assert fresh_host.predict(endpoint.name, {"inputs": ["好"]}, plain).status_code == 200
     boot = ServingHost.objects.get().boot_id
 
     fresh_host.kill()
-    services.endpoints_reconcile()
+    endpoints_reconcile()
     host = ServingHost.objects.get()
     assert not host.reachable and "unreachable" in host.error
     fresh_host.start()
@@ -111,24 +122,24 @@ def test_a_restarted_host_is_restored_and_revoked_keys_refused(
     assert ServingHost.objects.get().boot_id != boot
     assert fresh_host.predict(endpoint.name, {"inputs": ["好"]}, plain).status_code == 200
 
-    services.endpoint_key_revoke(actor=owner, key=key)
-    services.endpoints_reconcile()
+    endpoint_key_revoke(actor=owner, key=key)
+    endpoints_reconcile()
     r = fresh_host.predict(endpoint.name, {"inputs": ["好"]}, plain)
     assert r.status_code == 401
 
 
 def test_metrics_are_scraped_into_the_endpoints_charts(db, fresh_host, owner, team, model_version):
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
-    _key, plain = services.endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    _key, plain = endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
     converge(fresh_host, endpoint)
     # The host counts since it started (earlier tests too); the platform stores differences.
-    services.metrics_collect()
+    metrics_collect()
     before = selectors.endpoint_metrics(endpoint, minutes=10)["total"]
     for _ in range(5):
         assert fresh_host.predict(endpoint.name, {"inputs": ["好", "差"]}, plain).ok
     fresh_host.predict(endpoint.name, {"inputs": ["好"]}, "mpe_wrong")
     fresh_host.predict(endpoint.name, {"inputs": []}, plain)
-    assert services.metrics_collect() >= 1
+    assert metrics_collect() >= 1
     figures = selectors.endpoint_metrics(endpoint, minutes=10)
     total = figures["total"]
 
@@ -140,7 +151,7 @@ def test_metrics_are_scraped_into_the_endpoints_charts(db, fresh_host, owner, te
     assert 0 < total["p50_ms"] <= total["p99_ms"]
     assert sum(point["requests"] for point in figures["series"]) == total["requests"]
     # A second scrape with no new requests adds nothing; counters are not counted twice.
-    services.metrics_collect()
+    metrics_collect()
     assert selectors.endpoint_metrics(endpoint, minutes=10)["total"] == total
     # Samples older than the retention are pruned, the others kept.
     from datetime import timedelta
@@ -150,7 +161,7 @@ def test_metrics_are_scraped_into_the_endpoints_charts(db, fresh_host, owner, te
     kept = MetricSample.objects.count()
     old = MetricSample.objects.first()
     MetricSample.objects.filter(pk=old.pk).update(at=timezone.now() - timedelta(days=31))
-    assert services.metrics_prune() == 1
+    assert metrics_prune() == 1
     assert MetricSample.objects.count() == kept - 1
     assert MetricSample.objects.filter(endpoint=endpoint).count() >= 1
 
@@ -159,27 +170,25 @@ def test_what_is_refused(db, owner, team, make_team, make_user, model_version):
     from training.models import ModelVersion
 
     version = model_version()
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=version)
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=version)
     with pytest.raises(ValidationError, match="serves traffic on reviews"):
-        training_services.model_version_delete(actor=owner, version=version)
+        model_version_delete(actor=owner, version=version)
     assert ModelVersion.objects.filter(pk=version.pk).exists()
     with pytest.raises(ValidationError, match="taken"):
-        services.endpoint_deploy(actor=owner, team=team, model_version=version, name="reviews")
+        endpoint_deploy(actor=owner, team=team, model_version=version, name="reviews")
     with pytest.raises(ValidationError, match="lower-case"):
-        services.endpoint_deploy(actor=owner, team=team, model_version=version, name="Bad Name")
+        endpoint_deploy(actor=owner, team=team, model_version=version, name="Bad Name")
     other = make_team("Beta", {make_user("bob"): "owner"})
     with pytest.raises(ValidationError, match="another team"):
-        services.endpoint_deploy(actor=owner, team=other, model_version=version)
+        endpoint_deploy(actor=owner, team=other, model_version=version)
     with pytest.raises(ValidationError, match="Unknown device type"):
-        services.revision_add(
-            actor=owner, endpoint=endpoint, model_version=version, device_type="tpu"
-        )
+        revision_add(actor=owner, endpoint=endpoint, model_version=version, device_type="tpu")
     with pytest.raises(ValidationError, match="more than 100"):
-        services.revision_add(actor=owner, endpoint=endpoint, model_version=version, weight=60)
-        services.revision_add(actor=owner, endpoint=endpoint, model_version=version, weight=60)
+        revision_add(actor=owner, endpoint=endpoint, model_version=version, weight=60)
+        revision_add(actor=owner, endpoint=endpoint, model_version=version, weight=60)
     # Once the endpoint is gone, the version may be deleted.
-    services.endpoint_delete(actor=owner, endpoint=endpoint)
-    training_services.model_version_delete(actor=owner, version=version)
+    endpoint_delete(actor=owner, endpoint=endpoint)
+    model_version_delete(actor=owner, version=version)
     assert not ModelVersion.objects.filter(pk=version.pk).exists()
 
 
@@ -190,7 +199,7 @@ def test_the_worker_converges_after_a_change(
     """No manual reconcile: the deploy queues the reconciler on the suite's real worker."""
     from deployment.tasks import reconcile_endpoints
 
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=model_version())
     deadline = time.monotonic() + 90
     while not Placement.objects.filter(revision__endpoint=endpoint, state="ready").exists():
         assert time.monotonic() < deadline, list(Placement.objects.values("state", "error"))
@@ -198,7 +207,7 @@ def test_the_worker_converges_after_a_change(
         # The first pass started the load; beat comes back every 10 s, this test sooner.
         reconcile_endpoints.delay()
     time.sleep(1)  # the last pass ends before the next test (whose database it cannot see)
-    status, body = services.endpoint_predict(endpoint=endpoint, inputs=["很好"])
+    status, body = endpoint_predict(endpoint=endpoint, inputs=["很好"])
     assert status == 200 and body["outputs"][0]["label"] in ("正面", "负面")
 
 
@@ -211,17 +220,17 @@ def test_a_model_that_fails_to_load_shows_why(db, fresh_host, owner, team, model
     name = version.storage_prefix + "export/vocab.txt"
     default_storage.delete(name)
     default_storage.save(name, ContentFile(b"[PAD]\n"))
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=version)
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=version)
     deadline = time.monotonic() + 60
     while not Placement.objects.filter(state="failed").exists():
         assert time.monotonic() < deadline, list(Placement.objects.values("state", "error"))
-        services.endpoints_reconcile()
+        endpoints_reconcile()
         time.sleep(0.3)
     placement = Placement.objects.get()
     assert "vocab.txt does not match its sha256" in placement.error
     failed_at = placement.updated_at
     # Not loaded again at every pass: the failure and its time stay until the retry is due.
-    services.endpoints_reconcile()
+    endpoints_reconcile()
     assert Placement.objects.get().updated_at == failed_at
     revisions = list(selectors.endpoint_revisions(endpoint))
     assert selectors.endpoint_state(endpoint, revisions) == "failed"

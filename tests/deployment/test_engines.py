@@ -56,26 +56,27 @@ def test_an_engine_the_host_lacks_fails_with_the_reason(fresh_host, llm_exports)
 def test_the_platform_places_an_engine_revision_where_the_engine_serves(owner, team, model_version):
     from django.core.exceptions import ValidationError
 
-    from deployment import services
+    from deployment.reconcile import revision_config
+    from deployment.rollout import endpoint_deploy, revision_add
 
     chat = model_version("instruction", name="helper")
     with pytest.raises(ValidationError, match="vllm serves gpu, not cpu"):
-        services.endpoint_deploy(actor=owner, team=team, model_version=chat, engine="vllm")
+        endpoint_deploy(actor=owner, team=team, model_version=chat, engine="vllm")
     with pytest.raises(ValidationError, match="Unknown engine"):
-        services.endpoint_deploy(actor=owner, team=team, model_version=chat, engine="tgi")
+        endpoint_deploy(actor=owner, team=team, model_version=chat, engine="tgi")
     with pytest.raises(ValidationError, match="Only large models"):
-        services.endpoint_deploy(
+        endpoint_deploy(
             actor=owner,
             team=team,
             model_version=model_version(),
             engine="vllm",
             device_type="gpu",
         )
-    endpoint = services.endpoint_deploy(
+    endpoint = endpoint_deploy(
         actor=owner, team=team, model_version=chat, engine="fastdeploy", device_type="npu"
     )
     revision = endpoint.revisions.get()
-    config = services.revision_config(revision)
+    config = revision_config(revision)
     assert config["engine"] == "fastdeploy" and config["device"] == "npu"
-    builtin = services.revision_add(actor=owner, endpoint=endpoint, model_version=chat)
-    assert "engine" not in services.revision_config(builtin)
+    builtin = revision_add(actor=owner, endpoint=endpoint, model_version=chat)
+    assert "engine" not in revision_config(builtin)

@@ -194,12 +194,15 @@ def test_a_deployed_chat_model_answers_its_keys_and_the_playground(
     chat in the console's playground (streamed), and read tokens/s and TTFT in its metrics."""
     from django.urls import reverse
 
-    from deployment import selectors, services
+    from deployment import selectors
+    from deployment.keys import endpoint_key_create
+    from deployment.metrics import metrics_collect
+    from deployment.rollout import endpoint_deploy
     from tests.deployment.test_endpoints import converge
 
     version = model_version("instruction", name="helper")
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=version)
-    _key, plain = services.endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=version)
+    _key, plain = endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
     converge(fresh_host, endpoint)
     api = openai.OpenAI(base_url=f"{fresh_host.url}/v1", api_key=plain, max_retries=0, timeout=60)
     answer = api.chat.completions.create(
@@ -242,7 +245,7 @@ def test_a_deployed_chat_model_answers_its_keys_and_the_playground(
     ).content.decode()
     assert 'data-testid="playground"' in page and "/v1/chat/completions" in page
 
-    services.metrics_collect()
+    metrics_collect()
     figures = selectors.endpoint_metrics(endpoint)["total"]
     assert figures["requests"] == 3 and figures["completion_tokens"] > 0
     assert figures["tokens_per_s"] > 0 and figures["ttft_p50_ms"] is not None

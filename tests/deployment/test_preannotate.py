@@ -4,12 +4,15 @@ the real Label Studio as predictions with scores, least confident served first."
 import pytest
 from django.core.exceptions import ValidationError
 
-from deployment import services
+from deployment.hosts import endpoint_predict
+from deployment.preannotate import endpoint_chat_complete, preannotate_run, preannotate_start
+from deployment.rollout import endpoint_deploy
 from labeling import label_studio
-from labeling import services as labeling_services
+from labeling.datasets import dataset_create
 from labeling.models import Annotation
-from tests.conftest import make_version
+from labeling.projects import labeling_project_create, labeling_project_push
 from tests.deployment.test_endpoints import converge
+from tests.helpers import make_version, reviews_dataset
 from tests.labeling.test_label_studio import needs_label_studio
 
 pytestmark = needs_label_studio
@@ -26,26 +29,20 @@ ROWS = [
 def test_unlabeled_tasks_get_the_endpoints_predictions(
     db, fresh_host, owner, team, model_version, make_team, make_user
 ):
-    dataset = labeling_services.dataset_create(
-        actor=owner,
-        team=team,
-        name="评论",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    dataset = reviews_dataset(team, owner, "评论")
     version = make_version(dataset, owner, ROWS)
-    project = labeling_services.labeling_project_create(actor=owner, version=version, name="第二轮")
-    project = labeling_services.labeling_project_push(project.pk)
+    project = labeling_project_create(actor=owner, version=version, name="第二轮")
+    project = labeling_project_push(project.pk)
     # Row 3 was labeled meanwhile: it keeps its annotation and gets no prediction.
     task3 = project.tasks.get(row=3)
     Annotation.objects.create(
         project=project, task=task3, ls_annotation_id=1, value={"label": "正面"}
     )
 
-    endpoint = services.endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=model_version())
     converge(fresh_host, endpoint)
-    services.preannotate_start(actor=owner, project=project, endpoint=endpoint)
-    assert services.preannotate_run(project.pk, endpoint.pk, batch_size=2) == 3
+    preannotate_start(actor=owner, project=project, endpoint=endpoint)
+    assert preannotate_run(project.pk, endpoint.pk, batch_size=2) == 3
 
     answers = {}
     for task in label_studio.client(project.team).tasks.list(
@@ -57,9 +54,9 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
                 label = data["result"][0]["value"]["choices"][0]
                 answers[task.data["platform_row"]] = (label, data["score"])
     assert set(answers) == {1, 2, 4}
-    expected = services.endpoint_predict(
-        endpoint=endpoint, inputs=[ROWS[1][0], ROWS[2][0], ROWS[4][0]]
-    )[1]["outputs"]
+    expected = endpoint_predict(endpoint=endpoint, inputs=[ROWS[1][0], ROWS[2][0], ROWS[4][0]])[1][
+        "outputs"
+    ]
     for row, out in zip((1, 2, 4), expected, strict=True):
         assert answers[row][0] == out["label"]
         assert answers[row][1] == pytest.approx(out["score"], abs=1e-3)
@@ -68,14 +65,14 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
 
     # Another team's endpoint, or one of another task kind, is refused.
     other = make_team("Beta", {make_user("bob"): "owner"})
-    theirs = services.endpoint_deploy(
+    theirs = endpoint_deploy(
         actor=owner, team=team, model_version=model_version("ner", name="places")
     )
     with pytest.raises(ValidationError, match="serves ner models"):
-        services.preannotate_start(actor=owner, project=project, endpoint=theirs)
+        preannotate_start(actor=owner, project=project, endpoint=theirs)
     theirs.team = other
     with pytest.raises(ValidationError, match="another team"):
-        services.preannotate_start(actor=owner, project=project, endpoint=theirs)
+        preannotate_start(actor=owner, project=project, endpoint=theirs)
 
 
 def test_a_chat_model_drafts_the_responses_annotators_correct(
@@ -83,11 +80,9 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
 ):
     """Instruction rows that await a response get the deployed chat model's draft as a
     prediction in Label Studio; the annotator's correction is what the export keeps."""
-    from tests.conftest import make_jsonl_version
+    from tests.helpers import make_jsonl_version
 
-    dataset = labeling_services.dataset_create(
-        actor=owner, team=team, name="问答", task_kind="instruction"
-    )
+    dataset = dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
     rows = [
         {"messages": [{"role": "user", "content": "3加4等于几？"}]},
         {"messages": [{"role": "user", "content": "5加2等于几？"}]},
@@ -99,18 +94,18 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
         },
     ]
     version = make_jsonl_version(dataset, owner, rows, {"messages": "messages"})
-    project = labeling_services.labeling_project_create(
+    project = labeling_project_create(
         actor=owner, version=version, name="写回答", selection="unlabeled"
     )
-    project = labeling_services.labeling_project_push(project.pk)
+    project = labeling_project_push(project.pk)
     assert project.tasks.count() == 2
 
-    endpoint = services.endpoint_deploy(
+    endpoint = endpoint_deploy(
         actor=owner, team=team, model_version=model_version("instruction", name="helper")
     )
     converge(fresh_host, endpoint)
-    services.preannotate_start(actor=owner, project=project, endpoint=endpoint)
-    assert services.preannotate_run(project.pk, endpoint.pk) == 2
+    preannotate_start(actor=owner, project=project, endpoint=endpoint)
+    assert preannotate_run(project.pk, endpoint.pk) == 2
     drafts = {}
     for task in label_studio.client(project.team).tasks.list(
         project=project.ls_project_id, fields="all"
@@ -118,23 +113,19 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
         for p in task.predictions:
             data = p.model_dump() if hasattr(p, "model_dump") else p
             drafts[task.data["platform_row"]] = data["result"][0]["value"]["text"][0]
-    expected = services.endpoint_chat_complete(
+    expected = endpoint_chat_complete(
         endpoint=endpoint, messages=[{"role": "user", "content": "3加4等于几？"}]
     )
     assert drafts[1] == expected and "等于" in drafts[1]
 
-    pairs = labeling_services.dataset_create(
-        actor=owner, team=team, name="偏好", task_kind="preference"
-    )
+    pairs = dataset_create(actor=owner, team=team, name="偏好", task_kind="preference")
     pair_version = make_jsonl_version(
         pairs,
         owner,
         [{"prompt": "问", "response_a": "甲", "response_b": "乙"}],
         {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b"},
     )
-    pair_project = labeling_services.labeling_project_create(
-        actor=owner, version=pair_version, name="比较"
-    )
+    pair_project = labeling_project_create(actor=owner, version=pair_version, name="比较")
     pair_project.ls_project_id = 1
     with pytest.raises(ValidationError, match="serves instruction models"):
-        services.preannotate_start(actor=owner, project=pair_project, endpoint=endpoint)
+        preannotate_start(actor=owner, project=pair_project, endpoint=endpoint)

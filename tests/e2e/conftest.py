@@ -9,23 +9,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from runtime.net import free_port
+
 # Playwright's sync API runs an event loop in this thread; the ORM calls of the tests are safe.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The live server's address is fixed before any process starts, so that the suite's Celery
 # worker registers Label Studio webhooks that reach it (PLATFORM_URL), and on 127.0.0.1 like
 # Label Studio, whose session cookie the console hands over (cookies ignore ports).
 if "DJANGO_LIVE_TEST_SERVER_ADDRESS" not in os.environ:
-    _port = _free_port()
+    _port = free_port()
     os.environ["DJANGO_LIVE_TEST_SERVER_ADDRESS"] = f"127.0.0.1:{_port}"
     os.environ["PLATFORM_URL"] = f"http://127.0.0.1:{_port}"
 

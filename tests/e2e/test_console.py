@@ -1,7 +1,6 @@
 """A team admin's first session in the console, in a real browser."""
 
 import json
-import os
 import urllib.error
 import urllib.request
 
@@ -10,15 +9,9 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import Page, expect
 
 from console.models import AuditEvent, Membership
+from tests.helpers import login, shot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-def shot(page: Page, name: str) -> None:
-    if os.environ.get("E2E_SCREENSHOTS"):
-        page.screenshot(
-            path=os.path.join(os.environ["E2E_SCREENSHOTS"], f"{name}.png"), full_page=True
-        )
 
 
 def api_get(base: str, path: str, key: str) -> tuple[int, dict]:
@@ -28,13 +21,6 @@ def api_get(base: str, path: str, key: str) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def login(page: Page, username: str, password: str) -> None:
-    page.goto("/login/")
-    page.get_by_label("用户名").fill(username)
-    page.get_by_label("密码").fill(password)
-    page.get_by_role("button", name="登录").click()
 
 
 def test_admin_first_session(page: Page, live_server, celery_worker_process):

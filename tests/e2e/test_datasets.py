@@ -7,7 +7,7 @@ from playwright.sync_api import Page, expect
 from console.models import Membership
 from console.roles import Role
 from labeling.models import DatasetVersion
-from tests.e2e.test_console import login, shot
+from tests.helpers import login, shot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -86,13 +86,13 @@ def test_browser_upload_resumes_after_a_dropped_chunk(
     page: Page, make_user, make_team, tmp_path, settings
 ):
     """The console's uploader: a chunk lost on the way is resumed from the server's offset."""
-    from labeling import services
+    from labeling.datasets import dataset_create
     from labeling.models import Upload
 
     settings.UPLOAD_CHUNK_BYTES = 256
     engineer = make_user("zhang", password="Zhang-Pass-2026")
     team = make_team("Risk", {engineer: Role.MAINTAINER})
-    dataset = services.dataset_create(
+    dataset = dataset_create(
         actor=engineer, team=team, name="评论", task_kind="text_classification"
     )
     data = "\n".join(",".join(r) for r in ROWS).encode("gbk")

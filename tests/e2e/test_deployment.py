@@ -2,14 +2,11 @@
 try-it box, creates an API key, calls the endpoint from outside the browser, and sees the calls
 counted on the endpoint's charts."""
 
-import time
-
 import pytest
 import requests
 from playwright.sync_api import Page, expect
 
-from deployment import services
-from tests.e2e.test_console import login, shot
+from tests.helpers import login, shot, wait_endpoint_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -32,14 +29,7 @@ def test_deploy_try_it_and_see_the_calls_on_the_charts(
     form.locator("button[type=submit]").click()
     expect(page.get_by_test_id("endpoint-url")).to_contain_text("/v1/endpoints/e2e-reviews:predict")
 
-    # Beat's reconciler, as it runs every 10 s, until the host says the revision is ready.
-    state = page.get_by_test_id("endpoint-state")
-    deadline = time.monotonic() + 90
-    while state.get_attribute("data-state") != "ready":
-        assert time.monotonic() < deadline, state.get_attribute("data-state")
-        services.endpoints_reconcile()
-        time.sleep(0.5)
-        page.reload()
+    wait_endpoint_ready(page)
     expect(page.get_by_test_id("placement")).to_have_count(1)
 
     page.get_by_test_id("try-input").fill("这家店的服务很好，下次还来")

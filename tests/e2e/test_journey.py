@@ -20,11 +20,11 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from console.models import Team
-from deployment import services as deployment_services
 from deployment.models import Endpoint
+from deployment.reconcile import endpoints_reconcile
 from labeling import label_studio
 from labeling.models import DatasetVersion, LabelingProject
-from tests.e2e.test_console import login, shot
+from tests.helpers import login, shot, wait_endpoint_ready
 from training.models import TrainingJob
 
 pytestmark = [
@@ -71,17 +71,6 @@ def new_user_page(browser: Browser, base_url: str) -> tuple[BrowserContext, Page
     return context, context.new_page()
 
 
-def wait_endpoint_ready(page: Page) -> None:
-    """Beat's reconciler, as it runs every 10 s, until the endpoint page says ready."""
-    state = page.get_by_test_id("endpoint-state")
-    deadline = time.monotonic() + 120
-    while state.get_attribute("data-state") != "ready":
-        assert time.monotonic() < deadline, state.get_attribute("data-state")
-        deployment_services.endpoints_reconcile()
-        time.sleep(0.5)
-        page.reload()
-
-
 def served_by(url: str, key: str, model: str) -> dict:
     """Call the endpoint as an application does until ``model`` answers (the hosts follow a
     change of the traffic split once the reconciler has told them); its answer."""
@@ -97,7 +86,7 @@ def served_by(url: str, key: str, model: str) -> dict:
         if r.json()["model"] == model:
             return r.json()
         assert time.monotonic() < deadline, f"{model} never answered: {r.json()}"
-        deployment_services.endpoints_reconcile()
+        endpoints_reconcile()
         time.sleep(0.3)
 
 
@@ -263,7 +252,7 @@ def test_a_new_team_walks_the_whole_chain(
     form.locator("#id_name").fill("hotel-reviews")
     form.locator("button[type=submit]").click()
     expect(li.get_by_test_id("endpoint-url")).to_contain_text("/v1/endpoints/hotel-reviews:predict")
-    wait_endpoint_ready(li)
+    wait_endpoint_ready(li, timeout=120)
 
     keys = li.get_by_test_id("key-form")
     keys.locator("#id_name").fill("客服系统")
@@ -306,7 +295,7 @@ def test_a_new_team_walks_the_whole_chain(
     revisions = li.get_by_test_id("revisions")
     expect(revisions.locator('tr[data-revision="1"] [data-testid=weight]')).to_have_text("90")
     expect(revisions.locator('tr[data-revision="2"] [data-testid=weight]')).to_have_text("10")
-    wait_endpoint_ready(li)
+    wait_endpoint_ready(li, timeout=120)
     shot(li, "journey-12-canary")
 
     li.locator('tr[data-revision="2"]').get_by_test_id("promote").click()

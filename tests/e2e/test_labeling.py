@@ -8,10 +8,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from console.roles import Role
-from labeling import services
 from labeling.models import DatasetVersion, LabelingProject
-from tests.conftest import make_version
-from tests.e2e.test_console import login, shot
+from tests.helpers import login, make_version, reviews_dataset, shot
 
 pytestmark = [
     pytest.mark.e2e,
@@ -26,13 +24,7 @@ def test_label_in_label_studio_and_export(
     engineer = make_user("li", password="Li-Pass-2026")
     annotator = make_user("xiao", password="Xiao-Pass-2026")
     team = make_team("Hotel", {engineer: Role.MAINTAINER, annotator: Role.ANNOTATOR})
-    dataset = services.dataset_create(
-        actor=engineer,
-        team=team,
-        name="酒店评论",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    dataset = reviews_dataset(team, engineer, "酒店评论")
     version = make_version(dataset, engineer, [["text", "label"], ["房间干净整洁", ""]])
 
     login(page, "li", "Li-Pass-2026")

@@ -4,18 +4,14 @@ LoRA on the real train worker, deploys it, and chats with it in the console's pl
 
 import os
 import re
-import time
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from console.roles import Role
-from deployment import services as deployment_services
-from labeling import services as labeling_services
+from labeling.datasets import dataset_create
 from labeling.models import DatasetVersion, LabelingProject
-from tests.conftest import make_jsonl_version
-from tests.e2e.test_console import login, shot
-from tests.training.conftest import rows_for
+from tests.helpers import login, make_jsonl_version, rows_for, shot, wait_endpoint_ready
 from training.models import TrainingJob
 
 pytestmark = [
@@ -31,9 +27,7 @@ def test_write_a_response_train_deploy_and_chat(
     engineer = make_user("zhao", password="Zhao-Pass-2026")
     annotator = make_user("qian", password="Qian-Pass-2026")
     team = make_team("LLM", {engineer: Role.MAINTAINER, annotator: Role.ANNOTATOR})
-    dataset = labeling_services.dataset_create(
-        actor=engineer, team=team, name="算术问答", task_kind="instruction"
-    )
+    dataset = dataset_create(actor=engineer, team=team, name="算术问答", task_kind="instruction")
     rows, mapping = rows_for("instruction", 81)
     waiting = {"messages": [{"role": "user", "content": "9加9等于几？"}]}
     version = make_jsonl_version(dataset, engineer, [*rows, waiting], mapping)
@@ -98,13 +92,7 @@ def test_write_a_response_train_deploy_and_chat(
     deploy.locator("#id_name").fill("math-helper")
     deploy.locator("button[type=submit]").click()
     expect(page.get_by_test_id("endpoint-url")).to_contain_text("/v1/chat/completions")
-    state = page.get_by_test_id("endpoint-state")
-    deadline = time.monotonic() + 90
-    while state.get_attribute("data-state") != "ready":
-        assert time.monotonic() < deadline, state.get_attribute("data-state")
-        deployment_services.endpoints_reconcile()
-        time.sleep(0.5)
-        page.reload()
+    wait_endpoint_ready(page)
 
     page.get_by_test_id("chat-input").fill("3加4等于几？")
     page.locator("#chat-temperature").fill("0")

@@ -5,10 +5,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from console.roles import Role
-from labeling import services as labeling_services
-from tests.conftest import make_jsonl_version
-from tests.e2e.test_console import login, shot
-from tests.training.conftest import rows_for
+from labeling.datasets import dataset_create
+from tests.helpers import login, make_jsonl_version, rows_for, shot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -24,7 +22,7 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
 ):
     engineer = make_user("wang", password="Wang-Pass-2026")
     team = make_team("NLP", {engineer: Role.MAINTAINER})
-    dataset = labeling_services.dataset_create(
+    dataset = dataset_create(
         actor=engineer, team=team, name="评论", task_kind="text_classification"
     )
     rows, mapping = rows_for("text_classification", 240)

@@ -1,24 +1,14 @@
-import io
-
 import pytest
+
+from tests.helpers import csv_data
 
 
 @pytest.fixture
 def csv_bytes():
-    def make(rows: list[list[str]], encoding: str = "utf-8", delimiter: str = ",") -> bytes:
-        import csv
-
-        buf = io.StringIO()
-        csv.writer(buf, delimiter=delimiter, lineterminator="\n").writerows(rows)
-        return buf.getvalue().encode(encoding)
-
-    return make
+    """tests.helpers.csv_data: ``rows`` as the bytes of a CSV file."""
+    return csv_data
 
 
 @pytest.fixture(autouse=True)
-def english():
-    """Messages are asserted in English; the console's default language is Chinese."""
-    from django.utils import translation
-
-    with translation.override("en"):
-        yield
+def _english(english):
+    """Messages are asserted in English here (tests/conftest.py's `english`)."""

@@ -11,9 +11,10 @@ from rest_framework.test import APIClient
 
 from console.models import AuditEvent, Membership
 from console.roles import Role
-from labeling import services
+from labeling.datasets import upload_write_chunk
+from labeling.imports import import_run
 from labeling.models import DatasetVersion, ImportJob, Upload
-from tests.conftest import import_file, make_version
+from tests.helpers import import_file, make_version, reviews_dataset
 
 GBK_CSV = "评论,标签\n房间很干净,正面\n早餐太差,负面\n服务热情,正面\n服务热情,正面\n,负面\n".encode(
     "gbk"
@@ -22,13 +23,7 @@ GBK_CSV = "评论,标签\n房间很干净,正面\n早餐太差,负面\n服务热
 
 @pytest.fixture
 def dataset(owner, team):
-    return services.dataset_create(
-        actor=owner,
-        team=team,
-        name="酒店评论",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    return reviews_dataset(team, owner, "酒店评论")
 
 
 @pytest.fixture
@@ -70,7 +65,7 @@ def test_chunked_upload_resumes_after_an_interrupted_chunk(api, team):
     # The first chunk arrives, the second is cut short by a dropped connection.
     assert put_chunk(api, team, upload_id, data[:10], 0, len(data)).status_code == 200
     upload = Upload.objects.get(pk=upload_id)
-    services.upload_write_chunk(upload=upload, offset=10, stream=io.BytesIO(data[10:15]), length=20)
+    upload_write_chunk(upload=upload, offset=10, stream=io.BytesIO(data[10:15]), length=20)
     state = api.get(f"/api/v1/teams/{team.slug}/uploads/{upload_id}/").json()
     assert state["received"] == 15 and state["status"] == "receiving"
     # A chunk that would leave a gap, or repeat what arrived, is refused with where to resume.
@@ -122,7 +117,7 @@ def test_import_makes_a_version_with_report_stats_and_lineage(api, team, dataset
         format="json",
     )
     assert job.status_code == 202 and job.json()["status"] == "queued"
-    services.import_run(job.json()["id"])  # what the Celery task does
+    import_run(job.json()["id"])  # what the Celery task does
     state = api.get(f"/api/v1/teams/{team.slug}/imports/{job.json()['id']}/").json()
     assert state["status"] == "succeeded" and state["version"] == 1
     version = api.get(f"/api/v1/teams/{team.slug}/datasets/{dataset.pk}/versions/1/").json()
@@ -204,7 +199,7 @@ def test_compare_and_merge(api, owner, team, dataset):
         {"versions": [1, 2]},
         format="json",
     ).json()
-    job = services.import_run(job["id"])
+    job = import_run(job["id"])
     merged = job.version
     missing = api.post(
         f"/api/v1/teams/{team.slug}/datasets/{dataset.pk}/merge/",

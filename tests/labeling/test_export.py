@@ -6,9 +6,14 @@ import pytest
 
 from console.models import Membership
 from console.roles import Role
-from labeling import label_studio, services
+from labeling import label_studio
 from labeling.consensus import cohen_kappa, resolve
-from tests.conftest import make_version
+from labeling.datasets import dataset_create
+from labeling.exports import labeling_project_export
+from labeling.imports import import_run
+from labeling.projects import labeling_project_create, labeling_project_push
+from labeling.sync import labeling_project_sync
+from tests.helpers import make_version
 from tests.labeling.test_label_studio import needs_label_studio
 from tests.labeling.test_sync import choice, member_account, task_ids
 
@@ -52,7 +57,7 @@ def test_conflict_rules():
     ],
 )
 def test_export_makes_a_version_with_the_agreed_labels(owner, team, make_user, rule, expected):
-    dataset = services.dataset_create(
+    dataset = dataset_create(
         actor=owner,
         team=team,
         name=f"评论-{rule}",
@@ -61,8 +66,8 @@ def test_export_makes_a_version_with_the_agreed_labels(owner, team, make_user, r
     )
     rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
     version = make_version(dataset, owner, rows)
-    project = services.labeling_project_push(
-        services.labeling_project_create(actor=owner, version=version, name="导出", overlap=3).pk
+    project = labeling_project_push(
+        labeling_project_create(actor=owner, version=version, name="导出", overlap=3).pk
     )
     ls = label_studio.client(team)
     # Annotators of the team, each with their Label Studio account.
@@ -74,12 +79,12 @@ def test_export_makes_a_version_with_the_agreed_labels(owner, team, make_user, r
     for person, label in zip(people, ["正面", "正面", "负面"], strict=True):
         ls.annotations.create(id=ids[1], result=choice(label), completed_by=person)
     ls.annotations.create(id=ids[2], result=choice("负面"), completed_by=people[0])
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
 
-    job = services.labeling_project_export(
+    job = labeling_project_export(
         actor=owner, project=project, rule=rule, reviewer=users[2].username
     )
-    job = services.import_run(job.pk)
+    job = import_run(job.pk)
     exported = job.version
     assert exported.source == "labeling" and exported.parent == version
     assert exported.lineage["labeling_project"] == project.pk

@@ -8,9 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from labeling import consensus
+from labeling import consensus, task_kinds
 from labeling.pipeline import ImportOptions, run_import
-from labeling.task_kinds import RowError, schema_for
+from labeling.task_kinds.base import RowError
 from tests.labeling.test_label_studio import needs_label_studio
 
 
@@ -19,7 +19,7 @@ def jsonl(records: list[dict]) -> bytes:
 
 
 def run(records: list[dict], kind: str, tmp_path, **options):
-    schema = schema_for(kind)
+    schema = task_kinds.get(kind)
     columns = sorted({k for r in records for k in r})
     return run_import(
         io.BytesIO(jsonl(records)),
@@ -128,7 +128,7 @@ def test_preference_pairs_judged_and_to_judge(tmp_path):
 
 
 def test_label_studio_configs_are_valid_xml_naming_the_task_data():
-    instruction, preference = schema_for("instruction"), schema_for("preference")
+    instruction, preference = task_kinds.get("instruction"), task_kinds.get("preference")
     root = ET.fromstring(instruction.label_config([]))
     assert root.find("Paragraphs").get("value") == "$dialogue"
     assert root.find("TextArea").get("toName") == "dialogue"
@@ -140,7 +140,7 @@ def test_label_studio_configs_are_valid_xml_naming_the_task_data():
 
 
 def test_a_written_response_completes_or_corrects_the_conversation():
-    schema = schema_for("instruction")
+    schema = task_kinds.get("instruction")
     waiting = {"messages": [{"role": "user", "content": "请写一首诗"}]}
     assert schema.ls_data(waiting) == {"dialogue": waiting["messages"]}
     assert schema.ls_result(waiting) == []
@@ -170,7 +170,7 @@ def test_a_written_response_completes_or_corrects_the_conversation():
 
 
 def test_a_pairwise_choice_names_chosen_and_rejected():
-    schema = schema_for("preference")
+    schema = task_kinds.get("preference")
     pair = {"prompt": "问", "response_a": "甲", "response_b": "乙"}
     right = [{"type": "pairwise", "value": {"selected": "right"}}]
     assert schema.parse_ls_result(right, pair, []) == {"chosen": "乙", "rejected": "甲"}
@@ -211,24 +211,29 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
     real Label Studio; the exports are an instruction and a preference version."""
     from django.core.files.storage import default_storage
 
-    from labeling import label_studio, services
-    from tests.conftest import make_jsonl_version
+    from labeling import label_studio
+    from labeling.datasets import dataset_create
+    from labeling.exports import labeling_project_export
+    from labeling.imports import import_run
+    from labeling.projects import labeling_project_create, labeling_project_push
+    from labeling.sync import labeling_project_sync
+    from tests.helpers import make_jsonl_version
     from tests.labeling.test_sync import member_account, task_ids
 
     def exported_rows(project):
-        services.labeling_project_sync(project.pk)
-        job = services.labeling_project_export(actor=owner, project=project, rule="majority")
-        job = services.import_run(job.pk)
+        labeling_project_sync(project.pk)
+        job = labeling_project_export(actor=owner, project=project, rule="majority")
+        job = import_run(job.pk)
         assert job.version is not None, job.error
         with default_storage.open(job.version.data_file, "rb") as f:
             return [json.loads(line) for line in f]
 
     ls = label_studio.client(team)
-    dataset = services.dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
+    dataset = dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
     waiting = {"messages": [{"role": "user", "content": "写一句秋天的诗"}]}
     version = make_jsonl_version(dataset, owner, [waiting], {"messages": "messages"})
-    project = services.labeling_project_push(
-        services.labeling_project_create(actor=owner, version=version, name="写回答").pk
+    project = labeling_project_push(
+        labeling_project_create(actor=owner, version=version, name="写回答").pk
     )
     ls.annotations.create(
         id=task_ids(project)[1],
@@ -255,11 +260,11 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
     ]
     assert rows[0]["rating"] == 5  # the annotator's rating travels with the response
 
-    pairs = services.dataset_create(actor=owner, team=team, name="偏好", task_kind="preference")
+    pairs = dataset_create(actor=owner, team=team, name="偏好", task_kind="preference")
     pair = {"prompt": "推荐一本书", "response_a": "不知道", "response_b": "《红楼梦》"}
     pair_version = make_jsonl_version(pairs, owner, [pair], {k: k for k in pair})
-    pair_project = services.labeling_project_push(
-        services.labeling_project_create(actor=owner, version=pair_version, name="比较").pk
+    pair_project = labeling_project_push(
+        labeling_project_create(actor=owner, version=pair_version, name="比较").pk
     )
     ls.annotations.create(
         id=task_ids(pair_project)[1],

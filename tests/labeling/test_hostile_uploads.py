@@ -27,8 +27,9 @@ from openpyxl.cell.cell import ILLEGAL_CHARACTERS_RE
 from rest_framework.test import APIClient
 
 from console.roles import Role
-from labeling import services
+from labeling.datasets import dataset_create, upload_create
 from labeling.exports import FORMULA_PREFIXES, neutralise
+from labeling.imports import import_run
 from labeling.models import DatasetVersion, ImportJob, Upload
 from labeling.readers import ENCODINGS, MAX_LINE_CHARS, XLSX_MAX_ROWS
 
@@ -94,9 +95,7 @@ def api(owner):
 
 @pytest.fixture
 def dataset(owner, team, sandbox):
-    return services.dataset_create(
-        actor=owner, team=team, name="酒店评论", task_kind="text_classification"
-    )
+    return dataset_create(actor=owner, team=team, name="酒店评论", task_kind="text_classification")
 
 
 class Baseline:
@@ -178,7 +177,7 @@ def hostile_import(
     assert started.status_code == 202, started.content
     # What the Celery task does (in English: the request left its own language active).
     with translation.override("en"):
-        job = services.import_run(started.json()["id"])
+        job = import_run(started.json()["id"])
     assert_clear(job)
     return job
 
@@ -434,7 +433,7 @@ def test_file_names_the_api_lets_through_are_cleaned_by_the_service(owner, team,
     made the original's download header invalid (a 500); a NUL is refused by PostgreSQL."""
 
     def name_of(filename: str) -> str:
-        return services.upload_create(actor=owner, team=team, filename=filename, size=1).filename
+        return upload_create(actor=owner, team=team, filename=filename, size=1).filename
 
     assert name_of("../../outside/line\r\nbreak.csv") == "linebreak.csv"
     assert name_of("C:\\temp\\a\x00b.csv") == "ab.csv"
@@ -465,7 +464,7 @@ def test_after_every_kind_of_hostile_input_the_server_still_imports(
 def test_json_the_parser_cannot_take_is_a_row_error(api, team, owner, sandbox):
     """Each line was an unhandled exception before: RecursionError, ValueError (int too long),
     UnicodeEncodeError (a lone surrogate written out), OverflowError (int(Infinity))."""
-    ner = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
+    ner = dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
     deep = "[" * 100_000 + "]" * 100_000
     lines = [
         {"text": "张三在北京", "entities": [{"start": 0, "end": 2, "label": "PER"}]},
@@ -503,7 +502,7 @@ def test_json_the_parser_cannot_take_is_a_row_error(api, team, owner, sandbox):
     # Nothing the database would refuse (PostgreSQL's JSON holds no U+0000) reached it.
     assert "\\u0000" not in json.dumps(job.version.stats)
 
-    chat = services.dataset_create(actor=owner, team=team, name="对话", task_kind="instruction")
+    chat = dataset_create(actor=owner, team=team, name="对话", task_kind="instruction")
     lines = [
         '{"instruction": "你好", "output": "你好！", "rating": Infinity}',
         '{"instruction": "再见", "output": "再见！", "rating": 5}',
@@ -666,7 +665,7 @@ def test_neutralise_follows_owasp():
 
 @pytest.fixture
 def formula_version(api, team, owner, sandbox):
-    dataset = services.dataset_create(actor=owner, team=team, name="公式", task_kind="multi_label")
+    dataset = dataset_create(actor=owner, team=team, name="公式", task_kind="multi_label")
     records = [{"text": text, "labels": ["正常", "=1+1"]} for text in FORMULAS] + [
         {"text": "普通的评论", "labels": ["正常"]},
         {"text": "控制\u0001字符", "labels": []},

@@ -7,8 +7,8 @@ from xml.etree import ElementTree
 import pytest
 from django.test import override_settings
 
-from labeling import label_studio
-from labeling.task_kinds import SCHEMAS, TaskKind, schema_for
+from labeling import label_studio, task_kinds
+from runtime.kinds import TaskKind
 
 needs_label_studio = pytest.mark.skipif(
     not os.environ.get("LABEL_STUDIO_URL") and not os.environ.get("CI"),
@@ -27,11 +27,11 @@ def test_label_studio_is_alive_and_takes_the_token():
 @pytest.mark.parametrize("kind", list(TaskKind))
 def test_each_task_kind_makes_a_label_studio_project(kind):
     ls = label_studio.client()
-    config = schema_for(kind).label_config(["正面", "负面", "中性"])
+    config = task_kinds.get(kind).label_config(["正面", "负面", "中性"])
     project = ls.projects.create(title=f"test-{kind}-{uuid.uuid4().hex[:8]}", label_config=config)
     try:
         stored = ls.projects.get(id=project.id)
-        if schema_for(kind).generative:  # a response to write, or two to compare
+        if task_kinds.get(kind).generative:  # a response to write, or two to compare
             assert ("TextArea" if kind == "instruction" else "Pairwise") in stored.label_config
         else:
             assert "正面" in stored.label_config and "负面" in stored.label_config
@@ -40,7 +40,7 @@ def test_each_task_kind_makes_a_label_studio_project(kind):
 
 
 def test_label_configs_escape_labels_and_give_hotkeys():
-    for schema in SCHEMAS.values():
+    for schema in task_kinds.KINDS.values():
         if schema.generative:
             continue
         root = ElementTree.fromstring(schema.label_config(["A&B", 'say "hi"', "<x>"]))
@@ -51,20 +51,21 @@ def test_label_configs_escape_labels_and_give_hotkeys():
             "2",
             "3",
         ]
-    ner = ElementTree.fromstring(schema_for("ner").label_config(["PER"]))
+    ner = ElementTree.fromstring(task_kinds.get("ner").label_config(["PER"]))
     assert ner.find("Text").get("granularity") == "symbol"
 
 
 @override_settings(LABEL_STUDIO_URL="http://127.0.0.1:1", LABEL_STUDIO_TOKEN="x")
 def test_label_studio_down_is_reported_with_what_waits(owner, team):
-    from labeling import services
-    from tests.conftest import make_version
+    from labeling.datasets import dataset_create
+    from labeling.projects import labeling_project_create
+    from tests.helpers import make_version
 
     check = label_studio.check_health()
     assert not check.ok and "127.0.0.1:1" in check.detail and "waiting" not in check.detail
-    dataset = services.dataset_create(actor=owner, team=team, name="d", task_kind="ner")
+    dataset = dataset_create(actor=owner, team=team, name="d", task_kind="ner")
     version = make_version(dataset, owner, [["text"], ["张三"]])
-    services.labeling_project_create(actor=owner, version=version, name="p", labels=["PER"])
+    labeling_project_create(actor=owner, version=version, name="p", labels=["PER"])
     from django.utils import translation
 
     with translation.override("en"):

@@ -4,9 +4,18 @@ with existing labels as predictions, row selections, and the guard on deleting a
 import pytest
 from django.core.exceptions import ValidationError
 
-from labeling import label_studio, services
+from labeling import label_studio
+from labeling.datasets import dataset_create, dataset_delete
+from labeling.imports import import_run
 from labeling.models import LabelingProject
-from tests.conftest import make_jsonl_version, make_version
+from labeling.projects import (
+    labeling_project_create,
+    labeling_project_preannotate,
+    labeling_project_push,
+    labeling_project_set_labels,
+)
+from labeling.sync import labeling_project_sync
+from tests.helpers import make_jsonl_version, make_version, reviews_dataset
 from tests.labeling.test_label_studio import needs_label_studio
 from tests.labeling.test_sync import member_account
 
@@ -15,13 +24,7 @@ pytestmark = needs_label_studio
 
 @pytest.fixture
 def dataset(owner, team):
-    return services.dataset_create(
-        actor=owner,
-        team=team,
-        name="评论",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    return reviews_dataset(team, owner, "评论")
 
 
 def ls_tasks(project: LabelingProject) -> list:
@@ -37,10 +40,8 @@ def first_prediction(task) -> dict:
 
 
 def push(owner, version, **options) -> LabelingProject:
-    project = services.labeling_project_create(
-        actor=owner, version=version, name="第一轮标注", **options
-    )
-    return services.labeling_project_push(project.pk)  # what the Celery task does
+    project = labeling_project_create(actor=owner, version=version, name="第一轮标注", **options)
+    return labeling_project_push(project.pk)  # what the Celery task does
 
 
 def test_push_makes_the_project_and_its_tasks_with_labels_as_predictions(owner, dataset):
@@ -64,7 +65,7 @@ def test_push_makes_the_project_and_its_tasks_with_labels_as_predictions(owner, 
 
 def test_a_second_push_adds_nothing(owner, dataset):
     project = push(owner, make_version(dataset, owner))
-    again = services.labeling_project_push(project.pk)
+    again = labeling_project_push(project.pk)
     assert again.tasks_pushed == 3 and len(ls_tasks(project)) == 3
 
 
@@ -85,7 +86,7 @@ def test_row_selections(owner, dataset):
     ],
 )
 def test_other_kinds_push(owner, team, kind, header, row, result_type):
-    dataset = services.dataset_create(actor=owner, team=team, name=kind, task_kind=kind)
+    dataset = dataset_create(actor=owner, team=team, name=kind, task_kind=kind)
     version = make_version(dataset, owner, [header, row])
     project = push(owner, version, labels=["财经", "政策", "相似", "不相似"])
     (task,) = ls_tasks(project)
@@ -93,7 +94,7 @@ def test_other_kinds_push(owner, team, kind, header, row, result_type):
 
 
 def test_ner_spans_become_predictions(owner, team):
-    dataset = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
+    dataset = dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
     line = {"text": "张三在北京工作", "entities": [{"start": 0, "end": 2, "label": "PER"}]}
     version = make_jsonl_version(dataset, owner, [line], {"text": "text", "entities": "entities"})
     project = push(owner, version, labels=["PER", "LOC"])
@@ -104,18 +105,18 @@ def test_ner_spans_become_predictions(owner, team):
 
 def test_a_dataset_being_labeled_cannot_be_deleted(owner, dataset):
     version = make_version(dataset, owner)
-    services.labeling_project_create(actor=owner, version=version, name="进行中")
+    labeling_project_create(actor=owner, version=version, name="进行中")
     with pytest.raises(ValidationError, match="in use"):
-        services.dataset_delete(actor=owner, dataset=dataset)
+        dataset_delete(actor=owner, dataset=dataset)
     assert dataset.versions.count() == 1
 
 
 def test_project_settings_are_checked(owner, dataset):
     version = make_version(dataset, owner)
     with pytest.raises(ValidationError, match="sample needs its size"):
-        services.labeling_project_create(actor=owner, version=version, name="x", selection="sample")
+        labeling_project_create(actor=owner, version=version, name="x", selection="sample")
     with pytest.raises(ValidationError, match="annotators per task"):
-        services.labeling_project_create(actor=owner, version=version, name="x", overlap=0)
+        labeling_project_create(actor=owner, version=version, name="x", overlap=0)
 
 
 def test_console_creates_a_project_and_shows_its_progress(client, owner, team, dataset):
@@ -129,7 +130,7 @@ def test_console_creates_a_project_and_shows_its_progress(client, owner, team, d
     )
     project = LabelingProject.objects.get(name="第二轮")
     assert response["Location"] == f"/t/{team.slug}/labeling/{project.pk}/"
-    services.labeling_project_push(project.pk)
+    labeling_project_push(project.pk)
     page = client.get(response["Location"]).content.decode()
     assert "已完成 0 / 3 个任务" in page
     assert 'data-testid="open-ls"' in page
@@ -146,7 +147,7 @@ def test_preannotations_go_to_label_studio_least_confident_first(owner, dataset)
         {"row": 3, "value": {"label": "正面"}, "score": 0.70},
     ]
     assert (
-        services.labeling_project_preannotate(
+        labeling_project_preannotate(
             project=project, predictions=predictions, model_version="ernie-tiny-v3"
         )
         == 3
@@ -162,13 +163,13 @@ def test_preannotations_go_to_label_studio_least_confident_first(owner, dataset)
                 scores[task.data["platform_row"]] = data["score"]
     assert scores == {1: 0.95, 2: 0.51, 3: 0.70}
     with pytest.raises(ValidationError, match="Unknown label"):
-        services.labeling_project_preannotate(
+        labeling_project_preannotate(
             project=project,
             predictions=[{"row": 1, "value": {"label": "中性"}, "score": 0.5}],
             model_version="bad",
         )
     with pytest.raises(ValidationError, match="not a task"):
-        services.labeling_project_preannotate(
+        labeling_project_preannotate(
             project=project,
             predictions=[{"row": 99, "value": {"label": "正面"}, "score": 0.5}],
             model_version="bad",
@@ -189,7 +190,7 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
     )
     assert created.status_code == 201 and created.json()["status"] == "creating"
     project_id = created.json()["id"]
-    services.labeling_project_push(project_id)
+    labeling_project_push(project_id)
     detail = api.get(f"{base}{project_id}/").json()
     assert detail["status"] == "ready" and detail["progress"]["total"] == 3
     labels = {"labels": ["正面", "负面", "中立"]}
@@ -211,7 +212,7 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
             }
         ],
     )
-    services.labeling_project_sync(project_id)
+    labeling_project_sync(project_id)
     assert api.get(f"{base}{project_id}/").json()["progress"]["annotations"] == 1
     fixed = api.patch(
         f"{base}{project_id}/", {"labels": ["x"]}, format="json", HTTP_ACCEPT_LANGUAGE="en"
@@ -219,7 +220,7 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
     assert fixed.status_code == 400 and "fixed" in str(fixed.json())
     exported = api.post(f"{base}{project_id}/export/", {"rule": "majority"}, format="json")
     assert exported.status_code == 202
-    job = services.import_run(exported.json()["id"])
+    job = import_run(exported.json()["id"])
     assert job.version.row_count == 3
     bad = api.post(
         f"{base}{project_id}/predictions/",
@@ -235,7 +236,7 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
 
 def test_labels_are_editable_until_the_first_annotation(owner, dataset):
     project = push(owner, make_version(dataset, owner))
-    services.labeling_project_set_labels(actor=owner, project=project, labels=["好评", "差评"])
+    labeling_project_set_labels(actor=owner, project=project, labels=["好评", "差评"])
     ls = label_studio.client(project.team)
     assert "好评" in ls.projects.get(id=project.ls_project_id).label_config
     task_id = project.tasks.first().ls_task_id
@@ -251,7 +252,7 @@ def test_labels_are_editable_until_the_first_annotation(owner, dataset):
         ],
     )
     with pytest.raises(ValidationError, match="fixed once the first annotation"):
-        services.labeling_project_set_labels(actor=owner, project=project, labels=["x"])
+        labeling_project_set_labels(actor=owner, project=project, labels=["x"])
     project.refresh_from_db()
     assert project.labels == ["好评", "差评"]
 

@@ -7,9 +7,9 @@ from collections import Counter
 import openpyxl
 import pytest
 
+from labeling import task_kinds
 from labeling.pipeline import ImportFailed, ImportOptions, assign_splits, run_import, split_targets
 from labeling.readers import detect
-from labeling.task_kinds import schema_for
 
 REVIEWS = [
     ["评论", "标签"],
@@ -20,7 +20,7 @@ REVIEWS = [
 
 
 def run(data: bytes, kind: str, tmp_path, fmt="csv", encoding="utf-8", **options):
-    schema = schema_for(kind)
+    schema = task_kinds.get(kind)
     mapping = options.pop("mapping", None)
     if mapping is None:
         header = data.decode(encoding if encoding else "utf-8", errors="ignore").splitlines()[0]
@@ -229,11 +229,11 @@ def test_missing_mapping_is_a_clear_error(csv_bytes, tmp_path):
 
 
 def test_mapping_is_proposed_from_chinese_and_english_headers():
-    schema = schema_for("text_classification")
+    schema = task_kinds.get("text_classification")
     assert schema.propose_mapping(["评论内容", "情感"]) == {"text": "评论内容", "label": "情感"}
     assert schema.propose_mapping(["ID", "Text", "Label"]) == {"text": "Text", "label": "Label"}
     assert schema.propose_mapping(["a", "b"]) == {}
-    pair = schema_for("text_pair").propose_mapping(["query", "title", "label"])
+    pair = task_kinds.get("text_pair").propose_mapping(["query", "title", "label"])
     assert pair == {"text_a": "query", "text_b": "title", "label": "label"}
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from labeling import label_studio, services
+from labeling import label_studio
 from labeling.models import Annotation
-from tests.conftest import make_version
+from labeling.projects import labeling_project_create, labeling_project_push
+from labeling.sync import labeling_project_sync
+from tests.helpers import make_version, reviews_dataset
 from tests.labeling.test_label_studio import needs_label_studio
 from tests.labeling.test_sync import choice, task_ids
 
@@ -59,17 +61,11 @@ def own_label_studio(tmp_path, settings):
 
 def test_label_studio_killed_mid_sync_and_restarted_loses_nothing(owner, team, own_label_studio):
     server, restart = own_label_studio
-    dataset = services.dataset_create(
-        actor=owner,
-        team=team,
-        name="重启",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    dataset = reviews_dataset(team, owner, "重启")
     rows = [["text", "label"]] + [[f"第{i}条评论，房间干净", ""] for i in range(300)]
     version = make_version(dataset, owner, rows)
-    project = services.labeling_project_push(
-        services.labeling_project_create(actor=owner, version=version, name="重启").pk
+    project = labeling_project_push(
+        labeling_project_create(actor=owner, version=version, name="重启").pk
     )
     ls = label_studio.client(project.team)
     for row, task_id in task_ids(project).items():
@@ -79,7 +75,7 @@ def test_label_studio_killed_mid_sync_and_restarted_loses_nothing(owner, team, o
 
     def sync():
         try:
-            outcome["counts"] = services.labeling_project_sync(project.pk)
+            outcome["counts"] = labeling_project_sync(project.pk)
         except Exception as exc:  # the connection dies under it
             outcome["error"] = exc
 
@@ -97,12 +93,12 @@ def test_label_studio_killed_mid_sync_and_restarted_loses_nothing(owner, team, o
         assert outcome["counts"]["created"] == 300
 
     restart()
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     annotations = Annotation.objects.filter(project=project)
     assert annotations.count() == 300
     assert annotations.filter(valid=True).count() == 300
     assert set(annotations.values_list("task__row", flat=True)) == set(range(1, 301))
     # Synced again: no duplicates, nothing changed.
-    counts = services.labeling_project_sync(project.pk)
+    counts = labeling_project_sync(project.pk)
     assert counts == {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
     assert "error" in outcome, "the kill came too late to test a sync cut off mid-way"

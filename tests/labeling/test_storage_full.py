@@ -7,9 +7,10 @@ import io
 import pytest
 from django.core.files.storage import default_storage
 
-from labeling import services
+from labeling.datasets import dataset_create, upload_create, upload_write_chunk
+from labeling.imports import import_run, import_start
 from labeling.models import DatasetVersion
-from tests.conftest import make_version
+from tests.helpers import make_version
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +20,7 @@ def stored_files(root) -> set[str]:
 
 
 def import_upload(owner, dataset, upload):
-    job = services.import_start(
+    job = import_start(
         actor=owner,
         dataset=dataset,
         upload=upload,
@@ -27,7 +28,7 @@ def import_upload(owner, dataset, upload):
         encoding="utf-8",
         options={"mapping": {"text": "text", "label": "label"}},
     )
-    return services.import_run(job.pk)
+    return import_run(job.pk)
 
 
 def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
@@ -35,18 +36,14 @@ def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
 ):
     settings.MEDIA_ROOT = str(small_disk.path / "media")
     settings.UPLOAD_STAGING_DIR = small_disk.path / "uploads"
-    dataset = services.dataset_create(
-        actor=owner, team=team, name="评论", task_kind="text_classification"
-    )
+    dataset = dataset_create(actor=owner, team=team, name="评论", task_kind="text_classification")
     first = make_version(dataset, owner)
     first_data = default_storage.open(first.data_file).read()
 
     data = "text,label\n" + "".join(f"第{i}条评论，质量很好,正面\n" for i in range(3000))
     data = data.encode()
-    upload = services.upload_create(actor=owner, team=team, filename="more.csv", size=len(data))
-    upload = services.upload_write_chunk(
-        upload=upload, offset=0, stream=io.BytesIO(data), length=len(data)
-    )
+    upload = upload_create(actor=owner, team=team, filename="more.csv", size=len(data))
+    upload = upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
     files_before = stored_files(small_disk.path / "media")
 
     small_disk.fill()

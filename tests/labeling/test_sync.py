@@ -4,9 +4,18 @@ deleted, and checked (Label Studio accepts results outside the labeling config).
 import pytest
 
 from console.models import AuditEvent
-from labeling import label_studio, services
+from labeling import label_studio
+from labeling.datasets import dataset_create
 from labeling.models import Annotation
-from tests.conftest import make_jsonl_version, make_version
+from labeling.projects import (
+    WEBHOOK_SECRET_HEADER,
+    labeling_project_create,
+    labeling_project_push,
+    labeling_project_webhook_register,
+)
+from labeling.selectors import labeling_projects_to_push
+from labeling.sync import labeling_project_sync
+from tests.helpers import make_jsonl_version, make_version, reviews_dataset
 from tests.labeling.test_label_studio import needs_label_studio
 
 pytestmark = needs_label_studio
@@ -20,17 +29,11 @@ def choice(label: str) -> list[dict]:
 
 @pytest.fixture
 def project(owner, team):
-    dataset = services.dataset_create(
-        actor=owner,
-        team=team,
-        name="评论",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    dataset = reviews_dataset(team, owner, "评论")
     rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
     version = make_version(dataset, owner, rows)
-    created = services.labeling_project_create(actor=owner, version=version, name="同步")
-    return services.labeling_project_push(created.pk)
+    created = labeling_project_create(actor=owner, version=version, name="同步")
+    return labeling_project_push(created.pk)
 
 
 def task_ids(project) -> dict[int, int]:
@@ -61,7 +64,7 @@ def test_sync_takes_in_created_changed_and_deleted_annotations(project):
     ids = task_ids(project)
     first = ls.annotations.create(id=ids[1], result=choice("正面"))
     ls.annotations.create(id=ids[2], result=choice("中性"))  # not in the label set
-    counts = services.labeling_project_sync(project.pk)
+    counts = labeling_project_sync(project.pk)
     assert counts == {"created": 2, "updated": 0, "deleted": 0, "invalid": 1}
     good = Annotation.objects.get(ls_annotation_id=first.id)
     assert good.valid and good.value == {"label": "正面"} and good.task.row == 1
@@ -75,14 +78,14 @@ def test_sync_takes_in_created_changed_and_deleted_annotations(project):
     assert event.data == {"created": 2}
 
     # Nothing changed: nothing to do.
-    assert services.labeling_project_sync(project.pk)["updated"] == 0
+    assert labeling_project_sync(project.pk)["updated"] == 0
     ls.annotations.update(id=first.id, result=choice("负面"))
-    assert services.labeling_project_sync(project.pk)["updated"] == 1
+    assert labeling_project_sync(project.pk)["updated"] == 1
     good.refresh_from_db()
     assert good.value == {"label": "负面"}
 
     ls.annotations.delete(id=first.id)
-    assert services.labeling_project_sync(project.pk)["deleted"] == 1
+    assert labeling_project_sync(project.pk)["deleted"] == 1
     assert not Annotation.objects.filter(ls_annotation_id=first.id).exists()
     # A sync that took nothing in is not in the audit log.
     events = AuditEvent.objects.filter(action="labeling_project.annotations").order_by("pk")
@@ -90,10 +93,10 @@ def test_sync_takes_in_created_changed_and_deleted_annotations(project):
 
 
 def test_ner_annotations_are_checked_against_the_text(owner, team):
-    dataset = services.dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
+    dataset = dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
     version = make_jsonl_version(dataset, owner, [{"text": "张三在北京工作"}], {"text": "text"})
-    project = services.labeling_project_push(
-        services.labeling_project_create(
+    project = labeling_project_push(
+        labeling_project_create(
             actor=owner, version=version, name="实体标注", labels=["PER", "LOC"]
         ).pk
     )
@@ -110,7 +113,7 @@ def test_ner_annotations_are_checked_against_the_text(owner, team):
     ls = label_studio.client(project.team)
     ls.annotations.create(id=task_id, result=[span(0, 2, "PER"), span(3, 5, "LOC")])
     ls.annotations.create(id=task_id, result=[span(3, 50, "LOC")])
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     good = Annotation.objects.get(valid=True)
     assert good.value == {
         "entities": [{"start": 0, "end": 2, "label": "PER"}, {"start": 3, "end": 5, "label": "LOC"}]
@@ -126,22 +129,16 @@ def test_a_webhook_from_label_studio_brings_the_annotation(
     import time
 
     settings.PLATFORM_URL = live_server.url
-    dataset = services.dataset_create(
-        actor=owner,
-        team=team,
-        name="评论",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    dataset = reviews_dataset(team, owner, "评论")
     version = make_version(dataset, owner)
-    project = services.labeling_project_create(actor=owner, version=version, name="钩子")
+    project = labeling_project_create(actor=owner, version=version, name="钩子")
     deadline = time.monotonic() + 60
     while project.status != "ready":  # the worker pushes it
         assert time.monotonic() < deadline, project.error
         time.sleep(0.3)
         project.refresh_from_db()
     # The worker registered the default PLATFORM_URL; this test's server is elsewhere.
-    services.labeling_project_webhook_register(project)
+    labeling_project_webhook_register(project)
     hooks = label_studio.client(team).webhooks.list(project=project.ls_project_id)
     assert [h.url for h in hooks] == [f"{live_server.url}/hooks/label-studio/{project.pk}/"]
     label_studio.client(team).annotations.create(
@@ -156,7 +153,7 @@ def test_a_webhook_from_label_studio_brings_the_annotation(
 
 def test_webhook_with_a_wrong_secret_is_404(client, project):
     """The secret comes in a header, never in the URL (which access logs keep)."""
-    header = {"headers": {services.WEBHOOK_SECRET_HEADER: "wrong"}}
+    header = {"headers": {WEBHOOK_SECRET_HEADER: "wrong"}}
     assert client.post(f"/hooks/label-studio/{project.pk}/", **header).status_code == 404
     assert client.post(f"/hooks/label-studio/{project.pk}/").status_code == 404
     assert client.post("/hooks/label-studio/999999/", **header).status_code == 404
@@ -191,16 +188,16 @@ def test_label_studio_down_mid_sync_loses_nothing(project, settings):
     ls = label_studio.client(project.team)
     ids = task_ids(project)
     ls.annotations.create(id=ids[1], result=choice("正面"))
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     ls.annotations.create(id=ids[2], result=choice("负面"))
     up = settings.LABEL_STUDIO_URL
     settings.LABEL_STUDIO_URL = "http://127.0.0.1:9"  # nothing listens there: "down"
     _client.cache_clear()
     with pytest.raises(httpx.ConnectError):
-        services.labeling_project_sync(project.pk)
+        labeling_project_sync(project.pk)
     assert Annotation.objects.filter(project=project).count() == 1
     settings.LABEL_STUDIO_URL = up
-    assert services.labeling_project_sync(project.pk)["created"] == 1
+    assert labeling_project_sync(project.pk)["created"] == 1
     assert Annotation.objects.filter(project=project).count() == 2
 
 
@@ -209,15 +206,9 @@ def test_push_while_label_studio_is_down_says_so_and_retries(owner, team, settin
     from labeling.models import LabelingProject
     from labeling.tasks import push_labeling_project
 
-    dataset = services.dataset_create(
-        actor=owner,
-        team=team,
-        name="重试",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
+    dataset = reviews_dataset(team, owner, "重试")
     version = make_version(dataset, owner)
-    project = services.labeling_project_create(actor=owner, version=version, name="等待")
+    project = labeling_project_create(actor=owner, version=version, name="等待")
     up = settings.LABEL_STUDIO_URL
     settings.LABEL_STUDIO_URL = "http://127.0.0.1:9"
     _client.cache_clear()
@@ -228,7 +219,7 @@ def test_push_while_label_studio_is_down_says_so_and_retries(owner, team, settin
     assert project.error.startswith("Label Studio:")
     # The reconciliation pushes failed projects again; Label Studio is back.
     settings.LABEL_STUDIO_URL = up
-    assert services.labeling_projects_to_push() == [project.pk]
+    assert labeling_projects_to_push() == [project.pk]
     assert push_labeling_project.apply(args=[project.pk]).state == "SUCCESS"
     project.refresh_from_db()
     assert project.status == "ready" and project.error == "" and project.tasks_pushed == 3
@@ -265,7 +256,7 @@ def test_an_annotator_labels_as_themself_without_a_label_studio_password(
             },
         )
         assert made.status_code == 201, made.text
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     assert Annotation.objects.get(project=project).annotator == "xiaoli"
     # The second visit logs in to the same account.
     again = client.get(f"/t/{team.slug}/labeling/{project.pk}/open/")
@@ -289,10 +280,10 @@ def test_a_webhook_registered_under_an_old_url_is_registered_again(project, sett
     type(project).objects.filter(pk=project.pk).update(webhook_url=old)
     settings.PLATFORM_URL = "http://127.0.0.1:8999"
 
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     project.refresh_from_db()
     expected = f"http://127.0.0.1:8999/hooks/label-studio/{project.pk}/"
     assert project.webhook_url == expected
     hooks = label_studio.client(project.team).webhooks.list(project=project.ls_project_id)
     assert [h.url for h in hooks] == [expected]
-    assert services.WEBHOOK_SECRET_HEADER in (hooks[0].headers or {})
+    assert WEBHOOK_SECRET_HEADER in (hooks[0].headers or {})

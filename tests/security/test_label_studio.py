@@ -18,9 +18,19 @@ from django.utils import translation
 
 from console.models import Membership
 from console.roles import Role
-from labeling import consensus, label_studio, label_studio_admin, selectors, services
+from labeling import consensus, label_studio, label_studio_admin, selectors
+from labeling.datasets import dataset_create
+from labeling.exports import labeling_project_export
+from labeling.imports import import_run
 from labeling.models import Annotation
-from tests.conftest import make_version
+from labeling.projects import (
+    WEBHOOK_SECRET_HEADER,
+    labeling_project_create,
+    labeling_project_push,
+    labeling_project_webhook_register,
+)
+from labeling.sync import label_studio_members_converge, labeling_project_sync
+from tests.helpers import make_version
 from tests.labeling.test_label_studio import needs_label_studio
 from tests.labeling.test_sync import choice, task_ids
 
@@ -106,7 +116,7 @@ def teams(make_user, make_team):
     beta = make_team("Beta", {people["oscar"]: Role.OWNER, people["bob"]: Role.ANNOTATOR})
     projects = {}
     for team, owner in ((alpha, people["olivia"]), (beta, people["oscar"])):
-        dataset = services.dataset_create(
+        dataset = dataset_create(
             actor=owner,
             team=team,
             name=f"评论-{uuid.uuid4().hex[:6]}",
@@ -115,10 +125,8 @@ def teams(make_user, make_team):
         )
         rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
         version = make_version(dataset, owner, rows)
-        created = services.labeling_project_create(
-            actor=owner, version=version, name="标注", overlap=3
-        )
-        projects[team.slug] = services.labeling_project_push(created.pk)
+        created = labeling_project_create(actor=owner, version=version, name="标注", overlap=3)
+        projects[team.slug] = labeling_project_push(created.pk)
     return {"alpha": alpha, "beta": beta, "projects": projects, **people}
 
 
@@ -195,7 +203,7 @@ def test_votes_of_accounts_that_are_no_labeling_members_do_not_count(client, tea
         )
         assert vote.status_code == 201, vote.text
 
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     rejected = Annotation.objects.filter(project=project).exclude(rejected="")
     assert sorted(rejected.values_list("annotator_ls_id", flat=True)) == sorted(puppets)
     # Each is rejected with the reason, written in the language of whichever sync saw the votes
@@ -222,8 +230,8 @@ def test_votes_of_accounts_that_are_no_labeling_members_do_not_count(client, tea
     page = client.get(f"/t/alpha/labeling/{project.pk}/")
     assert b'data-testid="rejected"' in page.content
 
-    job = services.import_run(
-        services.labeling_project_export(actor=teams["olivia"], project=project, rule="majority").pk
+    job = import_run(
+        labeling_project_export(actor=teams["olivia"], project=project, rule="majority").pk
     )
     import json
 
@@ -235,7 +243,7 @@ def test_votes_of_accounts_that_are_no_labeling_members_do_not_count(client, tea
         first = json.loads(f.readline())
     assert first["label"] == "正面"  # the outsiders' two votes decided nothing
 
-    services.label_studio_members_converge()
+    label_studio_members_converge()
     emails = {u.email for u in label_studio.client(teams["alpha"]).users.list()}
     assert not any(e.endswith("@example.com") for e in emails), emails
 
@@ -324,7 +332,7 @@ def test_accounts_cannot_point_webhooks_or_imports_at_internal_addresses(
 
     # The platform's webhook (its receiver's path on the platform's host) is delivered.
     settings.PLATFORM_URL = base
-    services.labeling_project_webhook_register(project)
+    labeling_project_webhook_register(project)
     ls.annotations.create(id=task_ids(project)[1], result=choice("正面"))
     deadline = time.monotonic() + 30
     while not any(path.startswith("/hooks/label-studio/") for _m, path, _h, _b in calls):
@@ -332,7 +340,7 @@ def test_accounts_cannot_point_webhooks_or_imports_at_internal_addresses(
         time.sleep(0.3)
     assert all(path.startswith("/hooks/label-studio/") for _m, path, _h, _b in calls), calls
     (hook,) = [h for _m, p, h, _b in calls if p.startswith("/hooks/")][:1]
-    assert services.WEBHOOK_SECRET_HEADER.lower() in {k.lower() for k in hook}
+    assert WEBHOOK_SECRET_HEADER.lower() in {k.lower() for k in hook}
 
 
 def test_console_logout_ends_the_label_studio_session(client, teams):
@@ -372,7 +380,7 @@ def test_a_member_cannot_switch_into_another_teams_organisation(client, teams):
         "/api/predictions/", json={"task": task, "result": choice("正面"), "model_version": "m"}
     )
     assert made.status_code == 201, made.text
-    services.labeling_project_webhook_register(project)  # its secret header is in the list
+    labeling_project_webhook_register(project)  # its secret header is in the list
     alpha_org = organisation_of(teams["alpha"])
     alpha_service = f"team-{teams['alpha'].pk}@{label_studio.settings.LABEL_STUDIO_ACCOUNT_DOMAIN}"
     session = hand_over(client, teams["bob"], teams["beta"], teams["projects"]["beta"])
@@ -397,7 +405,7 @@ def test_a_member_cannot_switch_into_another_teams_organisation(client, teams):
         assert hooks.status_code in DENIED or not [
             h for h in hooks.json() if h.get("project") == ls_id
         ], hooks.text
-        assert services.WEBHOOK_SECRET_HEADER.lower() not in hooks.text.lower()  # not even Beta's
+        assert WEBHOOK_SECRET_HEADER.lower() not in hooks.text.lower()  # not even Beta's
         people = who.get("/api/users/").json()
         people = people["results"] if isinstance(people, dict) else people
         assert alpha_service not in {u["email"] for u in people}
@@ -454,7 +462,7 @@ def test_one_annotator_has_one_vote_in_own_name(client, teams):
     assert changed.status_code in DENIED, changed.text
     assert alice.delete(f"/api/annotations/{carols.json()['id']}/").status_code in DENIED
 
-    services.labeling_project_sync(project.pk)
+    labeling_project_sync(project.pk)
     answers = selectors.labeling_project_answers(project)[1]
     assert sorted(who for who, _v in answers) == ["alice", "carol"]
     assert consensus.resolve(answers, "majority") is None  # a tie: no majority

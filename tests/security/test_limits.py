@@ -21,12 +21,11 @@ from django.utils import timezone
 from console.celery import app as celery_app
 from console.roles import Role
 from console.services import api_token_create
-from labeling import services as labeling_services
+from labeling.datasets import dataset_create, staging_path
 from labeling.models import Dataset, Upload
-from tests.conftest import make_jsonl_version
-from tests.training.conftest import rows_for, wait_for
-from training import services as training_services
+from tests.helpers import make_jsonl_version, rows_for, wait_for
 from training.models import BaseModel, TrainingJob
+from training.supervision import job_workdir
 
 # -- Helpers --------------------------------------------------------------------------------------
 
@@ -57,9 +56,7 @@ def detail(response) -> str:
 
 
 def make_version(team, user, name: str = "reviews"):
-    dataset = labeling_services.dataset_create(
-        actor=user, team=team, name=name, task_kind="text_classification"
-    )
+    dataset = dataset_create(actor=user, team=team, name=name, task_kind="text_classification")
     rows, mapping = rows_for("text_classification", 40)
     return make_jsonl_version(dataset, user, rows, mapping)
 
@@ -253,7 +250,7 @@ def test_abandoned_uploads_are_deleted_by_the_beat_task_after_their_expiry(make_
     imported = Upload.objects.get(storage_name=imported_version.original_file)
     fresh = upload(b"text,label\n" * 10, 50)
     assert half.status == "receiving" and unimported.status == "complete"
-    staged = labeling_services.staging_path(half)
+    staged = staging_path(half)
     assert staged.exists() and default_storage.exists(unimported.storage_name)
 
     # A day and an hour later.
@@ -403,7 +400,7 @@ def test_a_job_past_its_maximum_run_time_is_stopped_and_failed(make_user, make_t
     assert "0.003" in job.error and "TRAINING_MAX_HOURS" in job.error, job.error
     assert (job.finished_at - job.started_at).total_seconds() < 60
     runner = subprocess.run(
-        ["pgrep", "-f", f"runtime.run {training_services.job_workdir(job)}$"],
+        ["pgrep", "-f", f"runtime.run {job_workdir(job)}$"],
         capture_output=True,
     )
     assert runner.returncode == 1, "the runner still runs"

@@ -16,11 +16,13 @@ from django.core.exceptions import ValidationError
 
 from runtime import sandbox
 from runtime.chat import ChatTemplateError, ChatTokenizer
-from tests.conftest import make_jsonl_version
 from tests.deployment.test_server import KEY, load, route
-from tests.training.conftest import rows_for, wait_for
+from tests.helpers import make_jsonl_version, rows_for, wait_for
 from tests.training.test_llm import llm_dirs  # noqa: F401 (a fixture)
-from training import services
+from training.base_models import inspect_model_dir
+from training.jobs import training_job_cancel, training_job_submit
+from training.launch import runner_popen_args, runner_sandbox
+from training.supervision import _prepare_workdir, job_workdir, training_job_part_execute
 
 ROOT = os.geteuid() == 0
 # What the platform's processes hold that no sandboxed process may: names and values.
@@ -94,19 +96,19 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
     """A real job on the suite's train worker: its runner process (found under the worker)
     holds none of the worker's secrets and, as root, is not root; then the runner's own
     Python, started with exactly what the worker starts the runner with
-    (``services.runner_popen_args``), tries the data directory, the code and the directory
+    (``runner_popen_args``), tries the data directory, the code and the directory
     of all jobs' work directories; once the runner is gone, its directory is not its user's."""
-    from labeling import services as labeling_services
+    from labeling.datasets import dataset_create
 
     data_dir = Path(settings.DATA_DIR)
     (data_dir / "secret_key").write_text("the-platform-secret-key-0123456789")
     (data_dir / "platform.sqlite3").write_bytes(b"SQLite format 3\0")
-    dataset = labeling_services.dataset_create(
+    dataset = dataset_create(
         actor=owner, team=team, name="sandbox", task_kind="text_classification"
     )
     rows, mapping = rows_for("text_classification", 200)
     version = make_jsonl_version(dataset, owner, rows, mapping)
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
     )
     job = wait_for(job, until=lambda j: j.step > 0 or j.status == "failed")
@@ -116,20 +118,20 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
         env = environ_of(runner.pid)
         secrets = {**secrets_of_this_process(), **_worker_secrets(job.pid)}
         assert_no_secrets(env, secrets)
-        assert env["HOME"].startswith(str(services.job_workdir(job)))
+        assert env["HOME"].startswith(str(job_workdir(job)))
         if ROOT:
             assert runner.uids().real != 0 and runner.uids().effective != 0
-            assert runner.uids().real == services.runner_sandbox(job).uid
+            assert runner.uids().real == runner_sandbox(job).uid
             assert 0 not in (runner.gids().real, runner.gids().effective)
 
-        started = services.runner_popen_args(job, services.job_workdir(job))
+        started = runner_popen_args(job, job_workdir(job))
         started["args"] = [
             settings.TRAINING_PYTHON,
             "-c",
             PROBE,
             str(data_dir),
             str(settings.BASE_DIR),
-            str(services.job_workdir(job).parent),
+            str(job_workdir(job).parent),
         ]
         probe = subprocess.run(**started, capture_output=True, text=True, timeout=60)
         assert probe.returncode == 0, probe.stderr
@@ -137,7 +139,7 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
         assert_no_secrets(seen["env"], secrets)
         assert seen["write_own_workdir"] and seen["umask"] == 0o077
         if ROOT:
-            assert seen["uid"] == services.runner_sandbox(job).uid != 0
+            assert seen["uid"] == runner_sandbox(job).uid != 0
             assert 0 not in seen["groups"]
             refused = [
                 "list_data_dir",
@@ -156,16 +158,16 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
         runner.kill()
         job = wait_for(job)
         assert job.status == "failed"
-        workdir = services.job_workdir(job).stat()
+        workdir = job_workdir(job).stat()
         if ROOT:
             assert (workdir.st_uid, workdir.st_mode & 0o077) == (0, 0)
     finally:
         if job.status == "running":
-            services.training_job_cancel(actor=owner, job=job)
+            training_job_cancel(actor=owner, job=job)
             wait_for(job, timeout=30)
 
 
-# Run as a job's runner (``services.runner_popen_args``): what it can do to another job's
+# Run as a job's runner (``runner_popen_args``): what it can do to another job's
 # directory, and a process it leaves behind (setsid: out of its process group, no
 # parent-death signal), whose pid it prints.
 NEIGHBOUR = """
@@ -189,7 +191,7 @@ print(json.dumps({
 
 
 def _as_runner(job, script: str, *args: str) -> dict:
-    started = services.runner_popen_args(job, services.job_workdir(job))
+    started = runner_popen_args(job, job_workdir(job))
     started["args"] = [settings.TRAINING_PYTHON, "-c", script, *args]
     done = subprocess.run(**started, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -203,31 +205,29 @@ def test_jobs_run_as_uids_of_their_own_and_leave_no_process_behind(team, owner):
     """Two teams' jobs at once on one node: each runner has a uid of its own, neither reads
     nor writes the other's directory; a process a runner leaves behind (setsid) dies with
     its job, however the job ends (here: cancelled, and failed)."""
-    from labeling import services as labeling_services
+    from labeling.datasets import dataset_create
 
     rows, mapping = rows_for("text_classification", 200)
     jobs = []
     for name in ("first", "second"):
-        dataset = labeling_services.dataset_create(
-            actor=owner, team=team, name=name, task_kind="text_classification"
-        )
+        dataset = dataset_create(actor=owner, team=team, name=name, task_kind="text_classification")
         version = make_jsonl_version(dataset, owner, rows, mapping)
         jobs.append(
-            services.training_job_submit(
+            training_job_submit(
                 actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
             )
         )
     try:
         a, b = (wait_for(j, until=lambda j: j.step > 0 or j.status == "failed") for j in jobs)
         assert (a.status, b.status) == ("running", "running"), (a.error, b.error)
-        seen_a = _as_runner(a, NEIGHBOUR, str(services.job_workdir(b)))
-        seen_b = _as_runner(b, NEIGHBOUR, str(services.job_workdir(a)))
+        seen_a = _as_runner(a, NEIGHBOUR, str(job_workdir(b)))
+        seen_b = _as_runner(b, NEIGHBOUR, str(job_workdir(a)))
         assert seen_a["uid"] != seen_b["uid"]
         assert 0 not in (seen_a["uid"], seen_b["uid"])
         for seen in (seen_a, seen_b):
             assert not (seen["list_other"] or seen["read_other"] or seen["write_other"]), seen
             assert psutil.pid_exists(seen["left"])
-        services.training_job_cancel(actor=owner, job=a)
+        training_job_cancel(actor=owner, job=a)
         assert wait_for(a, timeout=60).status == "cancelled"
         [runner] = children_running(b.pid, "runtime.run")
         runner.kill()
@@ -238,7 +238,7 @@ def test_jobs_run_as_uids_of_their_own_and_leave_no_process_behind(team, owner):
         for job in jobs:
             job.refresh_from_db()
             if job.status == "running":
-                services.training_job_cancel(actor=owner, job=job)
+                training_job_cancel(actor=owner, job=job)
                 wait_for(job, timeout=30)
 
 
@@ -277,7 +277,7 @@ def test_links_a_runner_plants_are_not_followed_by_the_platform(team, owner, tmp
     open to all: the job's error holds no byte of the key, the directory taken
     back is root's to the last entry, the outputs are refused without a byte of the target,
     and preparing the retry replaces the links instead of writing through them."""
-    from labeling import services as labeling_services
+    from labeling.datasets import dataset_create
     from training.models import TrainingJob
 
     secret_value = "the-platform-secret-key-0123456789"
@@ -285,9 +285,7 @@ def test_links_a_runner_plants_are_not_followed_by_the_platform(team, owner, tmp
     secret.write_text(secret_value)
     target = tmp_path / "root-file"
     target.write_text("root's own")
-    dataset = labeling_services.dataset_create(
-        actor=owner, team=team, name="links", task_kind="text_classification"
-    )
+    dataset = dataset_create(actor=owner, team=team, name="links", task_kind="text_classification")
     rows, mapping = rows_for("text_classification", 40)
     version = make_jsonl_version(dataset, owner, rows, mapping)
     # A job as a worker has it after a failed attempt (never queued: the test is its runner).
@@ -302,8 +300,8 @@ def test_links_a_runner_plants_are_not_followed_by_the_platform(team, owner, tmp
         attempts=1,
         created_by=owner,
     )
-    workdir = services.job_workdir(job)
-    services._prepare_workdir(job, workdir)
+    workdir = job_workdir(job)
+    _prepare_workdir(job, workdir)
     _as_runner(job, PLANT, str(secret), str(target))
 
     # The job spans two nodes and this one's part fails (its launcher exits at once): the
@@ -318,13 +316,13 @@ def test_links_a_runner_plants_are_not_followed_by_the_platform(team, owner, tmp
         ],
     )
     settings.TRAINING_PYTHON = "/bin/false"
-    services.training_job_part_execute(job.pk, 1, 1)
+    training_job_part_execute(job.pk, 1, 1)
     job.refresh_from_db()
     assert job.status == "failed" and "Part 1" in job.error, job.error
     assert secret_value not in job.error
     assert secret.read_text() == secret_value
 
-    user = services.runner_sandbox(job)
+    user = runner_sandbox(job)
     sandbox.take_back(user, workdir)
     for root, dirs, files in os.walk(workdir):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
@@ -335,7 +333,7 @@ def test_links_a_runner_plants_are_not_followed_by_the_platform(team, owner, tmp
         sandbox.check_outputs(user, [workdir / "export", workdir / "best"])
     assert secret_value not in str(refused.value)
 
-    services._prepare_workdir(job, workdir)  # the retry's
+    _prepare_workdir(job, workdir)  # the retry's
     assert target.read_text() == "root's own"
     assert not (workdir / "spec.json").is_symlink()
     assert json.loads((workdir / "spec.json").read_text())["job_id"] == job.pk
@@ -398,7 +396,7 @@ def test_a_chat_template_that_loops_for_ever_is_refused_at_import(llm_dirs, tmp_
     (model / "chat_template.jinja").write_text(template)
     started = time.monotonic()
     with pytest.raises(ValidationError, match="chat template was stopped"):
-        services.inspect_model_dir(model, "torch")
+        inspect_model_dir(model, "torch")
     with pytest.raises(ChatTemplateError, match="chat template was stopped"):
         ChatTokenizer(model).render([{"role": "user", "content": "你好"}], True)
     assert time.monotonic() - started < 5
@@ -418,5 +416,5 @@ def test_a_chat_template_costly_only_for_longer_conversations_is_refused_at_impo
     )
     started = time.monotonic()
     with pytest.raises(ValidationError, match="chat template was stopped"):
-        services.inspect_model_dir(model, "torch")
+        inspect_model_dir(model, "torch")
     assert time.monotonic() - started < 5

@@ -24,10 +24,11 @@ from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from tests.conftest import make_jsonl_version
-from tests.training.conftest import log_of, rows_for, wait_for
+from tests.helpers import log_of, make_jsonl_version, rows_for, wait_for
 from tests.training.test_base_models import CHARS, MAKE_PADDLE, RUNTIME_PY, _make
-from training import services, storage
+from training import storage
+from training.base_models import base_model_import
+from training.jobs import training_job_submit
 from training.models import BaseModel, ModelVersion
 
 # How os.system pickles on Linux: the global the refusal names.
@@ -68,9 +69,9 @@ def ernie(django_db_setup) -> Path:
 @pytest.fixture
 def reviews(team, owner):
     """A labeled dataset version of the team to train on."""
-    from labeling import services as labeling_services
+    from labeling.datasets import dataset_create
 
-    dataset = labeling_services.dataset_create(
+    dataset = dataset_create(
         actor=owner, team=team, name="reviews", task_kind="text_classification"
     )
     rows, mapping = rows_for("text_classification", 80)
@@ -133,7 +134,7 @@ def test_a_crafted_pdparams_in_a_server_directory_is_refused_naming_the_global(
     shutil.copytree(ernie, evil, dirs_exist_ok=True)
     (evil / "model_state.pdparams").write_bytes(crafted_state(marker))
     with pytest.raises(Exception, match=rf"model_state\.pdparams asks for {SYSTEM}") as exc:
-        services.base_model_import(actor=owner, team=team, name="evil", path="evil-ernie")
+        base_model_import(actor=owner, team=team, name="evil", path="evil-ernie")
     assert "weights may only hold arrays" in str(exc.value)
     assert not BaseModel.objects.exists()
 
@@ -285,7 +286,7 @@ def test_links_in_a_server_directory_are_refused(team, owner, ernie):
     (linked / "notes.txt").symlink_to(secret)
     try:
         with pytest.raises(Exception, match=r"notes\.txt is a symbolic link") as exc:
-            services.base_model_import(actor=owner, team=team, name="linked", path="linked-ernie")
+            base_model_import(actor=owner, team=team, name="linked", path="linked-ernie")
         assert "may not hold links" in str(exc.value)
         assert not BaseModel.objects.exists()
     finally:
@@ -460,7 +461,7 @@ def test_the_runner_never_unpickles_a_stored_pickle(
         created_by=owner,
     )
     try:
-        job = services.training_job_submit(
+        job = training_job_submit(
             actor=owner,
             team=team,
             dataset_version=reviews,
@@ -558,7 +559,7 @@ def test_a_checkpoint_saved_by_torch_save_imports_as_safetensors_and_trains(
     if not source.exists():
         _runtime(MAKE_HF_BIN, str(source), CHARS)
     assert (source / "pytorch_model.bin").is_file()
-    model = services.base_model_import(
+    model = base_model_import(
         actor=owner, team=team, name="bert-bin", backend="torch", path="bert-bin"
     )
     assert "model.safetensors" in model.manifest["files"]
@@ -567,7 +568,7 @@ def test_a_checkpoint_saved_by_torch_save_imports_as_safetensors_and_trains(
     with default_storage.open(model.storage_prefix + "model.safetensors", "rb") as f:
         stored.write_bytes(f.read())
     assert _runtime(SAME_TENSORS, str(source / "pytorch_model.bin"), str(stored)).strip() == "same"
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=reviews,

@@ -17,8 +17,9 @@ from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from tests.training.conftest import FILLER, NEG, POS, wait_for
-from training import services
+from tests.helpers import FILLER, NEG, POS, wait_for
+from training.base_models import base_model_import, inspect_model_dir
+from training.jobs import training_job_submit
 from training.models import BaseModel
 
 RUNTIME_PY = Path(settings.TRAINING_PYTHON)
@@ -88,7 +89,7 @@ def _archive(directory: Path, fmt: str) -> SimpleUploadedFile:
 def test_a_directory_on_the_server_is_imported_with_the_sha256_of_each_file(
     team, owner, paddle_base
 ):
-    model = services.base_model_import(actor=owner, team=team, name="ernie-mini", path="ernie-mini")
+    model = base_model_import(actor=owner, team=team, name="ernie-mini", path="ernie-mini")
     assert model.backend == "paddle" and model.architecture == "ernie"
     assert model.summary["layers"] == 2 and model.summary["hidden_size"] == 64
     files = model.manifest["files"]
@@ -111,9 +112,7 @@ def test_a_directory_on_the_server_is_imported_with_the_sha256_of_each_file(
 
 @pytest.mark.parametrize("fmt", ["tar.gz", "zip"])
 def test_an_uploaded_archive_is_imported(team, owner, paddle_base, fmt):
-    model = services.base_model_import(
-        actor=owner, team=team, name="up", archive=_archive(paddle_base, fmt)
-    )
+    model = base_model_import(actor=owner, team=team, name="up", archive=_archive(paddle_base, fmt))
     assert len(model.manifest["files"]) == 4
     assert model.source == f"model.{fmt}"
 
@@ -123,10 +122,10 @@ def test_a_missing_file_is_named(team, owner, paddle_base, tmp_path):
     shutil.copytree(paddle_base, broken, dirs_exist_ok=True)
     (broken / "vocab.txt").unlink()
     with pytest.raises(ValidationError, match=r"vocab\.txt"):
-        services.base_model_import(actor=owner, team=team, name="x", path="no-vocab")
+        base_model_import(actor=owner, team=team, name="x", path="no-vocab")
     weightless = _without(paddle_base, tmp_path, "model_state.pdparams")
     with pytest.raises(ValidationError, match=r"model_state\.pdparams or model\.safetensors"):
-        services.inspect_model_dir(weightless, "paddle")
+        inspect_model_dir(weightless, "paddle")
     assert not BaseModel.objects.exists()
 
 
@@ -143,21 +142,21 @@ def test_an_architecture_the_backend_cannot_build_is_refused(team, owner, paddle
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     with pytest.raises(ValidationError, match="gpt2"):
-        services.inspect_model_dir(other, "paddle")
+        inspect_model_dir(other, "paddle")
 
 
 def test_paths_outside_the_import_directory_and_escaping_archives_are_refused(
     team, owner, tmp_path
 ):
     with pytest.raises(ValidationError, match="outside"):
-        services.base_model_import(actor=owner, team=team, name="x", path="../../etc")
+        base_model_import(actor=owner, team=team, name="x", path="../../etc")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         info = tarfile.TarInfo("../escaped.txt")
         info.size = 2
         tf.addfile(info, io.BytesIO(b"hi"))
     with pytest.raises(ValidationError):
-        services.base_model_import(
+        base_model_import(
             actor=owner, team=team, name="x", archive=SimpleUploadedFile("m.tar.gz", buf.getvalue())
         )
     assert not BaseModel.objects.exists()
@@ -166,10 +165,10 @@ def test_paths_outside_the_import_directory_and_escaping_archives_are_refused(
 def test_a_base_model_that_is_not_imported_is_refused_with_what_is(
     client, team, owner, make_dataset, paddle_base
 ):
-    services.base_model_import(actor=owner, team=team, name="ernie-mini", path="ernie-mini")
+    base_model_import(actor=owner, team=team, name="ernie-mini", path="ernie-mini")
     version = make_dataset()
     with pytest.raises(ValidationError) as exc:
-        services.training_job_submit(
+        training_job_submit(
             actor=owner, team=team, dataset_version=version, base_model="ernie-3.0-base-zh"
         )
     message = " ".join(exc.value.messages)
@@ -194,9 +193,9 @@ def test_a_job_fine_tunes_an_imported_base_model(
     team, owner, make_dataset, train_worker, paddle_base, hf_base, backend
 ):
     path = {"paddle": "ernie-mini", "torch": "bert-mini"}[backend]
-    services.base_model_import(actor=owner, team=team, name=path, backend=backend, path=path)
+    base_model_import(actor=owner, team=team, name=path, backend=backend, path=path)
     version = make_dataset()
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=version,

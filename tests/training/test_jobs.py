@@ -10,9 +10,10 @@ import pytest
 from django.core.files.storage import default_storage
 from django.db import transaction
 
-from tests.training.conftest import log_of, losses, wait_for
-from training import services
+from tests.helpers import log_of, losses, wait_for
+from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import ModelVersion, TrainingJob
+from training.supervision import job_workdir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("train_worker")]
 
@@ -23,7 +24,7 @@ FAST = {"epochs": 6, "batch_size": 16, "learning_rate": 2e-3, "max_seq_length": 
 @pytest.mark.parametrize("kind", ["text_classification", "multi_label", "ner", "text_pair"])
 def test_each_task_kind_trains_with_each_backend(team, owner, make_dataset, kind, backend):
     version = make_dataset(kind)
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner, team=team, dataset_version=version, backend=backend, hyperparameters=FAST
     )
     job = wait_for(job)
@@ -51,26 +52,24 @@ def test_each_task_kind_trains_with_each_backend(team, owner, make_dataset, kind
     assert {"state", "loss", "metrics", "checkpoint"} <= kinds
     # The work directory is removed once the model is registered (just after the status).
     deadline = time.monotonic() + 30
-    while services.job_workdir(job).exists():
+    while job_workdir(job).exists():
         assert time.monotonic() < deadline, "the work directory was not removed"
         time.sleep(0.1)
 
 
 def _runner_alive(job: TrainingJob) -> bool:
-    found = subprocess.run(
-        ["pgrep", "-f", f"runtime.run {services.job_workdir(job)}$"], capture_output=True
-    )
+    found = subprocess.run(["pgrep", "-f", f"runtime.run {job_workdir(job)}$"], capture_output=True)
     return found.returncode == 0
 
 
 def test_cancel_stops_a_running_job_within_seconds(team, owner, make_dataset):
     version = make_dataset(n=200)
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
     )
     job = wait_for(job, until=lambda j: j.step > 0)
     assert _runner_alive(job)
-    services.training_job_cancel(actor=owner, job=job)
+    training_job_cancel(actor=owner, job=job)
     job = wait_for(job, timeout=10)
     assert job.status == "cancelled"
     assert not _runner_alive(job)
@@ -79,7 +78,7 @@ def test_cancel_stops_a_running_job_within_seconds(team, owner, make_dataset):
 
 def test_a_worker_killed_mid_job_resumes_from_its_checkpoint(team, owner, make_dataset):
     version = make_dataset(n=160)
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=version,
@@ -103,7 +102,7 @@ def test_a_worker_killed_mid_job_resumes_from_its_checkpoint(team, owner, make_d
 def test_a_failed_job_says_why_and_is_retried_as_a_new_job(team, owner, make_dataset):
     version = make_dataset()
     with transaction.atomic():  # queued at commit, so the change below is seen by the worker
-        job = services.training_job_submit(
+        job = training_job_submit(
             actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 1}
         )
         # A label set that lacks one of the data's labels: the runner fails, and says why.
@@ -112,7 +111,7 @@ def test_a_failed_job_says_why_and_is_retried_as_a_new_job(team, owner, make_dat
     assert job.status == "failed"
     assert "KeyError" in job.error and "负面" in job.error
 
-    retry = services.training_job_retry(actor=owner, job=job)
+    retry = training_job_retry(actor=owner, job=job)
     assert retry.origin == job and retry.hyperparameters == job.hyperparameters
     retry = wait_for(retry)
     assert retry.status == "succeeded", retry.error
@@ -128,7 +127,7 @@ def test_two_cpu_processes_train_one_job_to_the_result_of_one_process(
     version = make_dataset(n=80)
     hp = {"epochs": 4, "batch_size": 16, "dropout": 0.0, "learning_rate": 2e-3}
     one, two = (
-        services.training_job_submit(
+        training_job_submit(
             actor=owner,
             team=team,
             dataset_version=version,

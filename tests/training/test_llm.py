@@ -13,8 +13,9 @@ from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.urls import reverse
 
-from tests.training.conftest import rows_for, wait_for
-from training import services
+from tests.helpers import rows_for, wait_for
+from training.base_models import base_model_from_version, base_model_import, inspect_model_dir
+from training.jobs import training_job_submit
 from training.models import ModelVersion
 
 FAST = {"epochs": 6, "batch_size": 8, "max_new_tokens": 16, "eval_generations": 8}
@@ -26,7 +27,7 @@ FAST = {"epochs": 6, "batch_size": 8, "max_new_tokens": 16, "eval_generations": 
 @pytest.mark.parametrize("kind", ["instruction", "preference"])
 def test_lora_sft_and_dpo_train_with_each_backend(team, owner, make_dataset, kind, backend):
     version = make_dataset(kind, n=81)
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner, team=team, dataset_version=version, backend=backend, hyperparameters=FAST
     )
     assert job.preset == "llama-tiny-char" and job.labels == []
@@ -69,7 +70,7 @@ def test_lora_sft_and_dpo_train_with_each_backend(team, owner, make_dataset, kin
 def test_submission_refuses_what_cannot_train(team, owner, make_dataset):
     version = make_dataset("instruction", n=20)
     with pytest.raises(ValidationError, match="No preset named “ernie-micro-char”"):
-        services.training_job_submit(
+        training_job_submit(
             actor=owner, team=team, dataset_version=version, preset="ernie-micro-char"
         )
     for bad, rule in (
@@ -80,19 +81,17 @@ def test_submission_refuses_what_cannot_train(team, owner, make_dataset):
         ({"dpo_beta": 0}, "dpo_beta"),
     ):
         with pytest.raises(ValidationError, match=rule):
-            services.training_job_submit(
+            training_job_submit(
                 actor=owner, team=team, dataset_version=version, hyperparameters=bad
             )
     with pytest.raises(ValidationError, match="one device"):
-        services.training_job_submit(
-            actor=owner, team=team, dataset_version=version, device_count=2
-        )
+        training_job_submit(actor=owner, team=team, dataset_version=version, device_count=2)
     classification = make_dataset("text_classification", n=20)
     with pytest.raises(ValidationError, match="No preset named “llama-tiny-char”"):
-        services.training_job_submit(
+        training_job_submit(
             actor=owner, team=team, dataset_version=classification, preset="llama-tiny-char"
         )
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=version,
@@ -145,7 +144,7 @@ def test_a_causal_lm_is_imported_with_its_size_context_and_memory_estimate(
     client, team, owner, llm_dirs
 ):
     for backend in ("paddle", "torch"):
-        model = services.base_model_import(
+        model = base_model_import(
             actor=owner,
             team=team,
             name=f"tiny-{backend}",
@@ -175,39 +174,39 @@ def test_a_causal_lm_without_tokenizer_or_chat_template_is_refused(llm_dirs, tmp
     shutil.copytree(source, no_tokenizer)
     (no_tokenizer / "tokenizer.json").unlink()
     with pytest.raises(ValidationError, match=r"tokenizer\.json"):
-        services.inspect_model_dir(no_tokenizer, "torch")
+        inspect_model_dir(no_tokenizer, "torch")
     no_template = tmp_path / "no-template"
     shutil.copytree(source, no_template)
     config = json.loads((no_template / "tokenizer_config.json").read_text())
     del config["chat_template"]
     (no_template / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValidationError, match="no chat template"):
-        services.inspect_model_dir(no_template, "torch")
+        inspect_model_dir(no_template, "torch")
     # A template of its own in chat_template.jinja is read instead.
     (no_template / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
-    assert services.inspect_model_dir(no_template, "torch")["causal_lm"]
+    assert inspect_model_dir(no_template, "torch")["causal_lm"]
     odd = tmp_path / "odd"
     shutil.copytree(source, odd)
     config = json.loads((odd / "config.json").read_text())
     (odd / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
     with pytest.raises(ValidationError, match="qwen3"):
-        services.inspect_model_dir(odd, "paddle")  # PaddleNLP 3.0.0b4 builds no Qwen3
+        inspect_model_dir(odd, "paddle")  # PaddleNLP 3.0.0b4 builds no Qwen3
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("train_worker")
 @pytest.mark.parametrize("backend", ["paddle", "torch"])
 def test_a_job_fine_tunes_an_imported_causal_lm(team, owner, make_dataset, llm_dirs, backend):
-    services.base_model_import(
+    base_model_import(
         actor=owner, team=team, name="tiny", backend=backend, path=f"tiny-llama-{backend}"
     )
     version = make_dataset("instruction", n=81)
     encoder = make_dataset("text_classification", n=20)
     with pytest.raises(ValidationError, match="causal language model"):
-        services.training_job_submit(
+        training_job_submit(
             actor=owner, team=team, dataset_version=encoder, backend=backend, base_model="tiny"
         )
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=version,
@@ -253,18 +252,16 @@ def test_the_memory_estimate_of_a_7b_model():
 
 @pytest.mark.django_db
 def test_rows_over_the_token_limit_are_counted_at_submission(team, owner, make_dataset, client):
-    from labeling import services as labeling_services
-    from tests.conftest import make_jsonl_version
+    from labeling.datasets import dataset_create
+    from tests.helpers import make_jsonl_version
 
     rows, mapping = rows_for("instruction", 40)
     long_answer = "这是一个很长的回答，" * 10
     rows[3]["messages"][-1]["content"] = long_answer
     rows[7]["messages"][-1]["content"] = long_answer
-    dataset = labeling_services.dataset_create(
-        actor=owner, team=team, name="长短", task_kind="instruction"
-    )
+    dataset = dataset_create(actor=owner, team=team, name="长短", task_kind="instruction")
     version = make_jsonl_version(dataset, owner, rows, mapping)
-    job = services.training_job_submit(
+    job = training_job_submit(
         actor=owner, team=team, dataset_version=version, hyperparameters={"max_seq_length": 64}
     )
     report = job.data_report
@@ -278,7 +275,7 @@ def test_rows_over_the_token_limit_are_counted_at_submission(team, owner, make_d
     ).content.decode()
     assert 'data-testid="token-report"' in page and "row 4" in page
     with pytest.raises(ValidationError, match="Every training row is over the token limit of 8"):
-        services.training_job_submit(
+        training_job_submit(
             actor=owner, team=team, dataset_version=version, hyperparameters={"max_seq_length": 8}
         )
 
@@ -287,7 +284,7 @@ def test_rows_over_the_token_limit_are_counted_at_submission(team, owner, make_d
 @pytest.mark.usefixtures("train_worker")
 def test_dpo_continues_from_the_sft_model(team, owner, make_dataset, client):
     """SFT, then the fine-tuned model as a base model, then DPO from it: the usual chain."""
-    sft = services.training_job_submit(
+    sft = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=make_dataset("instruction", n=81),
@@ -309,7 +306,7 @@ def test_dpo_continues_from_the_sft_model(team, owner, make_dataset, client):
     assert base["summary"]["causal_lm"] and base["architecture"] == "llama"
     assert "tokenizer.json" in base["manifest"]["files"]
 
-    dpo = services.training_job_submit(
+    dpo = training_job_submit(
         actor=owner,
         team=team,
         dataset_version=make_dataset("preference", n=81),
@@ -325,6 +322,6 @@ def test_dpo_continues_from_the_sft_model(team, owner, make_dataset, client):
 
     classifier = ModelVersion(team=team, name="reviews", task_kind="text_classification")
     with pytest.raises(ValidationError, match="Only large models"):
-        services.base_model_from_version(actor=owner, version=classifier, name="x")
+        base_model_from_version(actor=owner, version=classifier, name="x")
     with pytest.raises(ValidationError, match="exists already"):
-        services.base_model_from_version(actor=owner, version=sft.model_version, name="sums-sft")
+        base_model_from_version(actor=owner, version=sft.model_version, name="sums-sft")

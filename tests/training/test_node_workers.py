@@ -11,9 +11,8 @@ import pytest
 from django.db import transaction
 
 from console.models import Node
-from tests.conftest import start_train_worker, stop_worker
-from tests.training.conftest import log_of, losses, wait_for
-from training import services
+from tests.helpers import log_of, losses, start_train_worker, stop_worker, wait_for
+from training.jobs import training_job_cancel, training_job_submit
 from training.models import TrainingJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,7 +35,7 @@ def two_nodes(django_db_setup, celery_worker_process):
 
 def submit(owner, team, version, **kwargs) -> TrainingJob:
     with transaction.atomic():
-        return services.training_job_submit(
+        return training_job_submit(
             actor=owner, team=team, dataset_version=version, hyperparameters=FAST, **kwargs
         )
 
@@ -103,7 +102,7 @@ def test_a_node_whose_heartbeat_stopped_is_shown_so_and_its_jobs_wait(
     assert "no live node has a xpu device (queue train.xpu)" in job.waiting_reason
     # The Ascend node still beats and takes its jobs.
     assert Node.objects.get(name="ascend-test").alive
-    services.training_job_cancel(actor=owner, job=job)
+    training_job_cancel(actor=owner, job=job)
 
 
 @pytest.fixture
@@ -134,7 +133,7 @@ def test_a_job_spans_two_nodes_and_ends_where_one_process_ends(
 
     def run(count: int) -> TrainingJob:
         with transaction.atomic():
-            job = services.training_job_submit(
+            job = training_job_submit(
                 actor=owner,
                 team=team,
                 dataset_version=version,

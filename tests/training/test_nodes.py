@@ -15,8 +15,16 @@ from console.services import (
     node_register,
     node_stop,
 )
-from training import services
+from training.jobs import training_job_submit
+from training.launch import runner_device, runner_env
 from training.models import TrainingJob
+from training.scheduling import (
+    JobMustWait,
+    device_holder,
+    training_job_claim,
+    training_job_release_devices,
+    training_jobs_reconcile,
+)
 
 
 def register(name: str, devices: str, simulated: bool = True) -> Node:
@@ -24,7 +32,7 @@ def register(name: str, devices: str, simulated: bool = True) -> Node:
 
 
 def submit(owner, team, version, **kwargs) -> TrainingJob:
-    return services.training_job_submit(actor=owner, team=team, dataset_version=version, **kwargs)
+    return training_job_submit(actor=owner, team=team, dataset_version=version, **kwargs)
 
 
 def test_devices_are_found_by_each_profiles_detect_fact():
@@ -180,11 +188,11 @@ def test_a_job_for_a_device_type_no_node_has_waits_with_that_reason(team, owner,
     job = submit(owner, team, version, device_type="xpu")
     assert job.waiting_reason.startswith("Waiting: no live node has a xpu device (queue train.xpu)")
     register("kunlun", "xpu:8")
-    services.training_jobs_reconcile()
+    training_jobs_reconcile()
     job.refresh_from_db()
     assert job.waiting_reason == ""
     node_stop("kunlun")
-    services.training_jobs_reconcile()
+    training_jobs_reconcile()
     job.refresh_from_db()
     assert "no live node has a xpu device" in job.waiting_reason
 
@@ -197,20 +205,20 @@ def test_a_claimed_job_holds_its_cards_and_its_runner_sees_only_them(
     register(settings.NODE_NAME, "npu:4")
     first = submit(owner, team, version, device_type="npu")
     second = submit(owner, team, version, device_type="npu", device_count=2)
-    first = services.training_job_claim(first.pk, "w")
-    second = services.training_job_claim(second.pk, "w")
+    first = training_job_claim(first.pk, "w")
+    second = training_job_claim(second.pk, "w")
     assert first.devices == [0] and second.devices == [1, 2]
-    env = services.runner_env(second)
+    env = runner_env(second)
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "1,2"
     # A simulated node: the framework runs on the CPU underneath.
-    assert services.runner_device(second) == "cpu"
+    assert runner_device(second) == "cpu"
     third = submit(owner, team, version, device_type="npu", device_count=2)
-    with pytest.raises(services.JobMustWait):
-        services.training_job_claim(third.pk, "w")
+    with pytest.raises(JobMustWait):
+        training_job_claim(third.pk, "w")
     third.refresh_from_db()
     assert "1 of 4 npu devices of node" in third.waiting_reason
-    services.training_job_release_devices(second)
-    assert services.training_job_claim(third.pk, "w").devices == [1, 2]
+    training_job_release_devices(second)
+    assert training_job_claim(third.pk, "w").devices == [1, 2]
 
 
 def test_reconcile_frees_the_devices_of_jobs_that_ended_without_releasing(
@@ -218,14 +226,14 @@ def test_reconcile_frees_the_devices_of_jobs_that_ended_without_releasing(
 ):
     version = make_dataset()
     register(settings.NODE_NAME, "cpu:2")
-    job = services.training_job_claim(submit(owner, team, version).pk, "w")
-    assert Device.objects.filter(holder=services.device_holder(job)).count() == 1
+    job = training_job_claim(submit(owner, team, version).pk, "w")
+    assert Device.objects.filter(holder=device_holder(job)).count() == 1
     TrainingJob.objects.filter(pk=job.pk).update(status="failed")  # its worker was killed
     # Just taken: perhaps by a claim that committed after the beat read the running jobs.
-    services.training_jobs_reconcile()
+    training_jobs_reconcile()
     assert Device.objects.exclude(holder="").count() == 1
     Device.objects.update(held_since=timezone.now() - timezone.timedelta(minutes=2))
-    services.training_jobs_reconcile()
+    training_jobs_reconcile()
     assert not Device.objects.exclude(holder="").exists()
 
 
@@ -244,14 +252,14 @@ def test_a_job_taken_again_after_its_worker_died_waits_queued_when_its_cards_are
     devices_acquire(
         node_name=settings.NODE_NAME, device_type="npu", count=1, holder="o", label="O", team=team
     )
-    with pytest.raises(services.JobMustWait):
-        services.training_job_claim(job.pk, "w")
+    with pytest.raises(JobMustWait):
+        training_job_claim(job.pk, "w")
     job.refresh_from_db()
     assert job.status == "queued" and job.attempts == 1 and "0 of 1 npu" in job.waiting_reason
     devices_release("o")
-    job = services.training_job_claim(job.pk, "w")
+    job = training_job_claim(job.pk, "w")
     assert job.attempts == 2 and job.devices == [0]
-    assert Device.objects.get().holder == services.device_holder(job) == f"training_job:{job.pk}:2"
+    assert Device.objects.get().holder == device_holder(job) == f"training_job:{job.pk}:2"
 
 
 def test_a_job_sees_its_cards_through_the_workers_own_visibility(
@@ -260,14 +268,14 @@ def test_a_job_sees_its_cards_through_the_workers_own_visibility(
     """Cards 0-3 kept for the serving host: the worker sees 4-7 as its 0-3."""
     version = make_dataset()
     register(settings.NODE_NAME, "gpu:4")
-    job = services.training_job_claim(
+    job = training_job_claim(
         submit(owner, team, version, device_type="gpu", device_count=2).pk, "w"
     )
     assert job.devices == [0, 1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    assert services.runner_env(job)["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert runner_env(job)["CUDA_VISIBLE_DEVICES"] == "4,5"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert services.runner_env(job)["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert runner_env(job)["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_a_card_that_fails_leaves_the_registry_at_the_next_detection(team, monkeypatch):

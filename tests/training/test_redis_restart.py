@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from tests import conftest as suite
-from tests.conftest import ROOT, start_train_worker, stop_worker
-from tests.training.conftest import wait_for
+from tests.helpers import ROOT, start_train_worker, stop_worker, suite_database_url, wait_for
 from training.models import TrainingJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,9 +71,9 @@ def submit(redis: OwnRedis, owner, team, version, epochs: int = 2) -> TrainingJo
         "import django, sys; django.setup();"
         "from django.contrib.auth import get_user_model;"
         "from console.models import Team; from labeling.models import DatasetVersion;"
-        "from training import services;"
+        "from training.jobs import training_job_submit;"
         "User = get_user_model();"
-        "job = services.training_job_submit(actor=User.objects.get(pk=int(sys.argv[1])),"
+        "job = training_job_submit(actor=User.objects.get(pk=int(sys.argv[1])),"
         " team=Team.objects.get(pk=int(sys.argv[2])),"
         " dataset_version=DatasetVersion.objects.get(pk=int(sys.argv[3])),"
         f" hyperparameters={{**{FAST!r}, 'epochs': int(sys.argv[4])}});"
@@ -84,7 +82,7 @@ def submit(redis: OwnRedis, owner, team, version, epochs: int = 2) -> TrainingJo
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": suite.test_database_url(),
+        "DATABASE_URL": suite_database_url(),
         "REDIS_URL": redis.url,
     }
     args = [str(owner.pk), str(team.pk), str(version.pk), str(epochs)]

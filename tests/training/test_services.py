@@ -13,9 +13,16 @@ from django.utils import timezone
 
 from console import hardware
 from console.services import node_register
-from tests.training.conftest import stored_model
-from training import services
+from tests.helpers import stored_model
+from training.jobs import (
+    training_job_cancel,
+    training_job_clone,
+    training_job_retry,
+    training_job_submit,
+)
 from training.models import ModelVersion, TrainingJob
+from training.registry import model_version_archive, model_version_import
+from training.scheduling import JobMustWait, training_job_claim, training_jobs_reconcile
 
 
 @pytest.fixture
@@ -31,7 +38,7 @@ def this_node(db):
 
 
 def submit(owner, team, version, **kwargs) -> TrainingJob:
-    return services.training_job_submit(actor=owner, team=team, dataset_version=version, **kwargs)
+    return training_job_submit(actor=owner, team=team, dataset_version=version, **kwargs)
 
 
 def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner, version):
@@ -73,20 +80,20 @@ def test_a_bad_spec_is_refused_with_the_reason(team, owner, version, changes, me
 
 def test_a_queued_job_is_cancelled_at_once(team, owner, version):
     job = submit(owner, team, version)
-    job = services.training_job_cancel(actor=owner, job=job)
+    job = training_job_cancel(actor=owner, job=job)
     assert job.status == "cancelled" and job.finished_at
     # The worker that still receives its message does not run it.
-    assert services.training_job_claim(job.pk, "w") is None
+    assert training_job_claim(job.pk, "w") is None
     with pytest.raises(ValidationError, match="nothing to cancel"):
-        services.training_job_cancel(actor=owner, job=job)
+        training_job_cancel(actor=owner, job=job)
 
 
 def test_the_team_limit_keeps_a_job_waiting(team, owner, version, settings):
     settings.TRAINING_TEAM_CONCURRENCY = 1
     first, second = submit(owner, team, version), submit(owner, team, version)
-    assert services.training_job_claim(first.pk, "w").status == "running"
-    with pytest.raises(services.JobMustWait):
-        services.training_job_claim(second.pk, "w")
+    assert training_job_claim(first.pk, "w").status == "running"
+    with pytest.raises(JobMustWait):
+        training_job_claim(second.pk, "w")
     second.refresh_from_db()
     assert second.status == "queued" and "limit" in second.waiting_reason
 
@@ -100,7 +107,7 @@ def test_a_job_whose_worker_was_lost_too_often_fails_with_the_reason(team, owner
         heartbeat_at=timezone.now() - timezone.timedelta(minutes=5),
         worker="train@gone",
     )
-    assert services.training_job_claim(job.pk, "w") is None
+    assert training_job_claim(job.pk, "w") is None
     job.refresh_from_db()
     assert job.status == "failed" and "lost 3 times" in job.error and "train@gone" in job.error
 
@@ -110,20 +117,20 @@ def test_a_job_running_elsewhere_is_left_alone(team, owner, version):
     TrainingJob.objects.filter(pk=job.pk).update(
         status="running", attempts=1, node="other-node", heartbeat_at=timezone.now()
     )
-    assert services.training_job_claim(job.pk, "w") is None
+    assert training_job_claim(job.pk, "w") is None
     job.refresh_from_db()
     assert job.status == "running" and job.attempts == 1
 
 
 def test_clone_changes_hyperparameters_and_keeps_the_rest(team, owner, version):
     job = submit(owner, team, version, hyperparameters={"epochs": 2}, priority=0)
-    clone = services.training_job_clone(
+    clone = training_job_clone(
         actor=owner, job=job, changes={"hyperparameters": {"learning_rate": 5e-4}}
     )
     assert clone.origin == job and clone.priority == 0
     assert clone.hyperparameters == {**job.hyperparameters, "learning_rate": 5e-4}
     with pytest.raises(ValidationError, match="Only a failed or cancelled job"):
-        services.training_job_retry(actor=owner, job=job)
+        training_job_retry(actor=owner, job=job)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -144,7 +151,7 @@ def test_priorities_and_device_queues_route_the_message(
     finally:
         r.delete(*lists.values())
         for job in jobs.values():
-            services.training_job_cancel(actor=owner, job=job)
+            training_job_cancel(actor=owner, job=job)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -162,7 +169,7 @@ def test_reconcile_requeues_a_job_whose_worker_stopped_beating_and_names_missing
         status="running", attempts=1, heartbeat_at=timezone.now() - timezone.timedelta(minutes=5)
     )
     try:
-        assert services.training_jobs_reconcile() == [stale.pk]
+        assert training_jobs_reconcile() == [stale.pk]
         stale.refresh_from_db()
         waiting.refresh_from_db()
         assert stale.celery_task_id != old_task
@@ -177,9 +184,9 @@ def test_reconcile_requeues_a_job_whose_worker_stopped_beating_and_names_missing
 def test_a_model_version_travels_as_one_archive(team, owner, make_team, tmp_path):
     original = stored_model(team, owner, tmp_path)
     buf = io.BytesIO()
-    services.model_version_archive(original, buf)
+    model_version_archive(original, buf)
     elsewhere = make_team("Elsewhere", {owner: "owner"})
-    copy = services.model_version_import(
+    copy = model_version_import(
         actor=owner, team=elsewhere, archive=SimpleUploadedFile("m.tar.gz", buf.getvalue())
     )
     assert copy.source == "imported" and copy.team == elsewhere
@@ -193,7 +200,7 @@ def test_a_tampered_archive_is_refused(team, owner, tmp_path):
 
     original = stored_model(team, owner, tmp_path)
     buf = io.BytesIO()
-    services.model_version_archive(original, buf)
+    model_version_archive(original, buf)
     buf.seek(0)
     out = io.BytesIO()
     with tarfile.open(fileobj=buf) as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
@@ -204,7 +211,7 @@ def test_a_tampered_archive_is_refused(team, owner, tmp_path):
             member.size = len(data)
             dst.addfile(member, io.BytesIO(data))
     with pytest.raises(ValidationError, match=r"model\.onnx does not match its sha256"):
-        services.model_version_import(
+        model_version_import(
             actor=owner, team=team, archive=SimpleUploadedFile("m.tar.gz", out.getvalue())
         )
     assert ModelVersion.objects.count() == 1

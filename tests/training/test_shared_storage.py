@@ -10,7 +10,6 @@ the test is skipped and says why; in CI (CI=true) it fails instead."""
 import os
 import runpy
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,9 +22,16 @@ from types import SimpleNamespace
 import pytest
 from django.db import transaction
 
-from tests.conftest import ROOT, make_jsonl_version, start_train_worker, stop_worker
-from tests.training.conftest import rows_for, wait_for
-from training import services
+from runtime.net import free_port
+from tests.helpers import (
+    ROOT,
+    make_jsonl_version,
+    rows_for,
+    start_train_worker,
+    stop_worker,
+    wait_for,
+)
+from training.jobs import training_job_submit
 from training.models import ModelVersion
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,12 +46,6 @@ def _unavailable(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI=true and {reason}")
     pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _client(env: dict[str, str]):
@@ -68,7 +68,7 @@ def s3_server(tmp_path_factory) -> Iterator[dict[str, str]]:
         import moto.server  # noqa: F401 - only to know the server can start
     except ImportError as exc:
         _unavailable(f"S3 tests skipped: {exc} (install the test extra: pip install -e .[test])")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("s3") / "moto.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -159,15 +159,15 @@ def test_a_train_worker_on_another_machine_works_through_s3_only(
 ):
     from django.core.files.storage import default_storage
 
-    from deployment.services import export_dir
-    from labeling import services as labeling_services
+    from deployment.reconcile import export_dir
+    from labeling.datasets import dataset_create
 
     local_before = _files_under(Path(settings.DATA_DIR))
 
     # The dataset version is imported by this process (the console machine) into the bucket. The
     # suite's `default` worker stores on this machine's disk, so the import is kept from it.
     monkeypatch.setattr("labeling.tasks.run_import_job", SimpleNamespace(delay=lambda *a: None))
-    dataset = labeling_services.dataset_create(
+    dataset = dataset_create(
         actor=owner, team=team, name="s3-reviews", task_kind="text_classification"
     )
     rows, mapping = rows_for("text_classification", 60)
@@ -176,7 +176,7 @@ def test_a_train_worker_on_another_machine_works_through_s3_only(
     assert version.data_file in bucket("teams/")
 
     with transaction.atomic():
-        job = services.training_job_submit(
+        job = training_job_submit(
             actor=owner,
             team=team,
             dataset_version=version,

@@ -7,9 +7,8 @@ import os
 import pytest
 from django.db import transaction
 
-from tests.conftest import start_train_worker, stop_worker
-from tests.training.conftest import wait_for
-from training import services
+from tests.helpers import start_train_worker, stop_worker, wait_for
+from training.jobs import training_job_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,7 +24,7 @@ def test_a_checkpoint_on_a_full_disk_fails_the_job_clearly_and_keeps_the_last_on
     )
     try:
         with transaction.atomic():
-            job = services.training_job_submit(
+            job = training_job_submit(
                 actor=owner,
                 team=team,
                 dataset_version=version,

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from console.models import Membership
 from console.services import audit_record, team_create
+from runtime.env import env_str
 
 
 class Command(BaseCommand):
@@ -28,8 +29,8 @@ class Command(BaseCommand):
     def handle(self, *args, url: str, **options) -> None:
         User = get_user_model()
         password_file = settings.DATA_DIR / "initial_admin_password"
-        username = os.environ.get("PLATFORM_ADMIN_USERNAME", "admin")
-        password = os.environ.get("PLATFORM_ADMIN_PASSWORD", "")
+        username = env_str("PLATFORM_ADMIN_USERNAME", "admin")
+        password = env_str("PLATFORM_ADMIN_PASSWORD")
         first_admin = User.objects.filter(is_superuser=True).order_by("pk").first()
         if first_admin is None:
             generated = not password

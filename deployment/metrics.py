@@ -1,0 +1,94 @@
+"""Request metrics of endpoints: the serving hosts' cumulative counters scraped (beat, every
+15 s), stored as the difference from the last scrape per endpoint, revision and host, and pruned
+after ``SERVING_METRICS_RETENTION_DAYS``. Reads of them are in ``selectors.endpoint_metrics``."""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from deployment.hosts import HostClient, HostError
+from deployment.models import Endpoint, MetricSample, Revision, ServingHost
+from serving.metrics import COUNTERS
+
+log = logging.getLogger(__name__)
+
+
+def metrics_collect(max_age_s: float = 0.0) -> int:
+    """Scrape every reachable host's counters and store what changed since the last scrape;
+    the number of samples written. Hosts scraped less than ``max_age_s`` ago are skipped."""
+    written = 0
+    for url in settings.SERVING_HOSTS:
+        host, _created = ServingHost.objects.get_or_create(url=url)
+        if host.metrics_at and (timezone.now() - host.metrics_at).total_seconds() < max_age_s:
+            continue
+        try:
+            data = HostClient(host.url).metrics()
+        except HostError as exc:
+            log.info("metrics of %s: %s", url, exc)
+            continue
+        written += _metrics_store(host, data)
+    return written
+
+
+def metrics_prune() -> int:
+    """Delete the samples older than ``SERVING_METRICS_RETENTION_DAYS``; how many."""
+    cutoff = timezone.now() - timedelta(days=settings.SERVING_METRICS_RETENTION_DAYS)
+    deleted, _per_model = MetricSample.objects.filter(at__lt=cutoff).delete()
+    return deleted
+
+
+HISTOGRAMS = ("latency", "ttft")
+
+
+def _difference(now: list | None, was: list | None) -> list[int]:
+    now = now or []
+    was = was or [0] * len(now)
+    return [a - b for a, b in zip(now, was, strict=False)]
+
+
+@transaction.atomic
+def _metrics_store(host: ServingHost, data: dict) -> int:
+    host = ServingHost.objects.select_for_update().get(pk=host.pk)
+    now = timezone.now()
+    same_boot = host.metrics_boot_id == data["boot_id"]
+    before = host.metrics_snapshot if same_boot else {}
+    window = (now - host.metrics_at).total_seconds() if same_boot and host.metrics_at else 0.0
+    endpoints = {e.name: e for e in Endpoint.objects.filter(name__in=list(data["endpoints"]))}
+    samples = []
+    for name, revisions in data["endpoints"].items():
+        endpoint = endpoints.get(name)
+        if endpoint is None:
+            continue
+        for key, now_counts in revisions.items():
+            was = before.get(name, {}).get(key) or {}
+            delta = {c: now_counts.get(c, 0) - was.get(c, 0) for c in COUNTERS}
+            histograms = {h: _difference(now_counts.get(h), was.get(h)) for h in HISTOGRAMS}
+            if min(*delta.values(), *histograms["latency"], *histograms["ttft"]) < 0:
+                # Counters went back: a restart we missed.
+                delta = {c: now_counts.get(c, 0) for c in COUNTERS}
+                histograms = {h: list(now_counts.get(h) or []) for h in HISTOGRAMS}
+            if not any(delta.values()):
+                continue
+            pk = Revision.pk_from_key(key)
+            samples.append(
+                MetricSample(
+                    endpoint=endpoint,
+                    revision_id=pk if pk and endpoint.revisions.filter(pk=pk).exists() else None,
+                    host=host,
+                    at=now,
+                    window_s=window,
+                    **histograms,
+                    **delta,
+                )
+            )
+    MetricSample.objects.bulk_create(samples)
+    host.metrics_boot_id, host.metrics_snapshot, host.metrics_at = (
+        data["boot_id"],
+        data["endpoints"],
+        now,
+    )
+    host.save(update_fields=["metrics_boot_id", "metrics_snapshot", "metrics_at"])
+    return len(samples)

@@ -1,0 +1,22 @@
+"""The task kinds of the platform: the one definition that the runtime, the serving host and the
+apps share. No Django here: the apps build their model fields' choices from it, with labels in
+the user's language (``labeling.task_kinds.KIND_CHOICES``).
+
+A member is a ``str``: it equals, and hashes as, its value, so a kind read from a spec, a
+manifest or a database row is found in a dict or set keyed by members.
+"""
+
+from enum import StrEnum
+
+
+class TaskKind(StrEnum):
+    TEXT_CLASSIFICATION = "text_classification"
+    MULTI_LABEL = "multi_label"
+    NER = "ner"
+    TEXT_PAIR = "text_pair"
+    INSTRUCTION = "instruction"
+    PREFERENCE = "preference"
+
+
+# Kinds whose model generates text (a causal LM) rather than classifying.
+GENERATIVE_KINDS = frozenset({TaskKind.INSTRUCTION, TaskKind.PREFERENCE})

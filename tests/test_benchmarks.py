@@ -1,0 +1,33 @@
+"""Every benchmark at its smoke size (``--smoke``: tiny data, one epoch, a few requests) still
+runs end to end and ends with its one JSON line: benchmarks rot where nothing runs them. Their
+figures are not checked here (`make bench` measures them)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").glob("[!_]*.py"))
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_smoke_ends_with_its_json_line(name):
+    # Label Studio is the suite's (LABEL_STUDIO_URL); Redis is each benchmark's own
+    # throwaway one, where it needs one, so that no worker of the suite takes its jobs.
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), "--smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert isinstance(json.loads(last), dict), last

@@ -1,0 +1,476 @@
+"""Training jobs as their users see them: submission and its checks (task kind, backend, base
+model or preset, hyperparameters, the device and the live nodes that have it, priority and the
+per-user and per-job limits, a large model's rows counted in tokens), the queue of the job's
+device type, retry, clone, cancel, and a job's end (its status, audited). What a train worker
+does with a job is in ``scheduling`` (the claim) and ``supervision`` (the run)."""
+
+import json
+import tempfile
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from jinja2 import TemplateError
+
+from console.hardware import placement_plan, profile
+from console.models import Membership, Team
+from console.roles import Role
+from console.selectors import live_nodes_with
+from console.services import audit_record
+from labeling.models import DatasetVersion
+from runtime.backends import available as available_backends
+from runtime.data import HEADS
+from runtime.kinds import GENERATIVE_KINDS
+from runtime.presets import default_preset, presets_for, recommended
+from runtime.spec import Hyperparameters
+from training import storage
+from training.models import BaseModel, TrainingJob
+from training.selectors import base_model_named
+
+
+def _job_labels(version: DatasetVersion) -> list[str]:
+    """The dataset's declared labels in their order, else those found in the version."""
+    return list(version.dataset.labels) or sorted(version.stats.get("labels", {}))
+
+
+def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) -> Hyperparameters:
+    values = {**asdict(recommended(task_kind, preset=preset)), **(given or {})}
+    try:
+        hp = Hyperparameters.from_dict(values)
+        for name, kind in Hyperparameters.__annotations__.items():
+            value = getattr(hp, name)
+            if kind == list[str]:
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{name} must be a list of names")
+                continue
+            if kind is bool and not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false")
+            try:
+                number = value if kind in (bool, str) else float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be a number, not {value!r}") from None
+            if kind is int and (isinstance(value, bool) or number != int(number)):
+                raise ValueError(f"{name} must be a whole number, not {value!r}")
+            setattr(hp, name, int(number) if kind is int else kind(number))
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(_("Hyperparameters: %(e)s") % {"e": exc}) from exc
+    checks = [
+        (hp.epochs >= 1, "epochs ≥ 1"),
+        (1 <= hp.batch_size <= 4096, "1 ≤ batch_size ≤ 4096"),
+        (0 < hp.learning_rate < 1, "0 < learning_rate < 1"),
+        (
+            8 <= hp.max_seq_length <= (32768 if task_kind in GENERATIVE_KINDS else 512),
+            "8 ≤ max_seq_length ≤ 512 (32768 for instruction and preference data)",
+        ),
+        (0 <= hp.warmup_ratio < 1, "0 ≤ warmup_ratio < 1"),
+        (0 <= hp.weight_decay < 1, "0 ≤ weight_decay < 1"),
+        (hp.early_stopping_patience >= 0, "early_stopping_patience ≥ 0"),
+        (0 < hp.threshold < 1, "0 < threshold < 1"),
+        (0 <= hp.dropout < 1, "0 ≤ dropout < 1"),
+        (hp.checkpoint_steps >= 0, "checkpoint_steps ≥ 0"),
+        (
+            hp.metric in ("accuracy", "macro_f1", "micro_f1", "weighted_f1"),
+            "metric is accuracy, macro_f1, micro_f1 or weighted_f1",
+        ),
+        (hp.amp_dtype in ("bfloat16", "float16"), "amp_dtype is bfloat16 or float16"),
+        (hp.method in ("lora", "full"), "method is lora or full"),
+        (1 <= hp.lora_rank <= 1024, "1 ≤ lora_rank ≤ 1024"),
+        (hp.lora_alpha > 0, "lora_alpha > 0"),
+        (0 <= hp.lora_dropout < 1, "0 ≤ lora_dropout < 1"),
+        (1 <= hp.gradient_accumulation_steps <= 1024, "1 ≤ gradient_accumulation_steps ≤ 1024"),
+        (hp.dpo_beta > 0, "dpo_beta > 0"),
+        (1 <= hp.max_new_tokens <= 4096, "1 ≤ max_new_tokens ≤ 4096"),
+        (0 <= hp.eval_generations <= 200, "0 ≤ eval_generations ≤ 200"),
+        (0 <= hp.min_rating <= 5, "0 ≤ min_rating ≤ 5"),
+    ]
+    for ok, rule in checks:
+        if not ok:
+            raise ValidationError(_("Hyperparameters: %(rule)s.") % {"rule": rule})
+    return hp
+
+
+# Rows over the token limit listed in a job's data report (all are counted).
+TOKEN_REPORT_ROWS = 200
+
+
+def token_report(
+    version: DatasetVersion, model: BaseModel | None, task_kind: str, limit: int
+) -> dict:
+    """Each answered row of an instruction or preference version counted in tokens, as the
+    runner will count it (the base model's tokenizer and chat template, or the preset's
+    characters and ChatML): how many there are per split, and the rows over ``limit`` (by
+    their number in the version), which the job leaves out."""
+    from runtime.chat import TOKENIZER_FILES, ChatTokenizer, build_char_tokenizer, encode_row
+    from runtime.data import is_labeled
+
+    with default_storage.open(version.data_file, "rb") as f:
+        rows = [(n, json.loads(line)) for n, line in enumerate(f, start=1)]
+    rows = [(n, r) for n, r in rows if is_labeled(task_kind, r)]
+    with tempfile.TemporaryDirectory(prefix="tokenizer-") as tmp:
+        if model is None:
+            from runtime.llm import texts_of
+
+            tok = build_char_tokenizer((t for _n, r in rows for t in texts_of(r)), Path(tmp))
+        else:
+            files = {n: m for n, m in model.manifest["files"].items() if n in TOKENIZER_FILES}
+            storage.fetch_dir(model.storage_prefix, files, Path(tmp))
+            tok = ChatTokenizer(Path(tmp))
+        counts: dict[str, int] = {}
+        over, longest = [], 0
+        for number, row in rows:
+            _example, length = encode_row(task_kind, tok, row)
+            split = row.get("split", "train")
+            counts[split] = counts.get(split, 0) + 1
+            longest = max(longest, length)
+            if length > limit:
+                over.append({"row": number, "split": split, "tokens": length})
+    return {
+        "limit": limit,
+        "rows": counts,
+        "longest": longest,
+        "over": len(over),
+        "over_train": sum(o["split"] == "train" for o in over),
+        "over_rows": over[:TOKEN_REPORT_ROWS],
+    }
+
+
+# Backends whose jobs run on several devices, under their framework's launcher (runner_command).
+MULTI_DEVICE_BACKENDS = ("paddle", "torch")
+
+
+def training_job_submit(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    dataset_version: DatasetVersion,
+    backend: str = "paddle",
+    base_model: str = "",
+    preset: str = "",
+    hyperparameters: dict | None = None,
+    device_type: str = "cpu",
+    device_count: int = 1,
+    priority: int = TrainingJob.Priority.NORMAL,
+    name: str = "",
+    origin: TrainingJob | None = None,
+    max_hours: float | None = None,
+) -> TrainingJob:
+    """Queue a training job on the queue of its device type. Checked and tokenised outside
+    any transaction: only the job's row is written in one (SQLite's write lock is short)."""
+    dataset = dataset_version.dataset
+    if dataset.team_id != team.pk:
+        raise ValidationError(_("No such dataset version."))
+    kind = dataset.task_kind
+    generative = kind in GENERATIVE_KINDS
+    if kind not in HEADS and not generative:
+        raise ValidationError(_("Task kind %(kind)s cannot be trained yet.") % {"kind": kind})
+    if backend not in available_backends():
+        raise ValidationError(
+            _("No training backend named “%(b)s”; installed: %(all)s.")
+            % {"b": backend, "all": ", ".join(sorted(available_backends()))}
+        )
+    if base_model and preset:
+        raise ValidationError(_("Choose a base model or a preset, not both."))
+    model = base_model_named(team, base_model, backend) if base_model else None
+    if model is None:
+        preset = preset or default_preset(kind)
+        if preset not in presets_for(kind):
+            raise ValidationError(
+                _("No preset named “%(p)s” for %(kind)s; presets: %(all)s.")
+                % {"p": preset, "kind": kind, "all": ", ".join(presets_for(kind))}
+            )
+    elif bool(model.summary.get("causal_lm")) != generative:
+        raise ValidationError(
+            _("%(model)s is a causal language model: it trains instruction and preference data.")
+            % {"model": model.name}
+            if model.summary.get("causal_lm")
+            else _("%(model)s is an encoder; instruction and preference data need a causal LM.")
+            % {"model": model.name}
+        )
+    labels = [] if generative else _job_labels(dataset_version)
+    if not generative and len(labels) < (1 if kind == "ner" else 2):
+        raise ValidationError(
+            _("%(v)s has %(n)d label(s): a model needs at least two classes (one entity type).")
+            % {"v": dataset_version, "n": len(labels)}
+        )
+    if not dataset_version.split_counts.get("train"):
+        raise ValidationError(_("%(v)s has no rows in its train split.") % {"v": dataset_version})
+    try:
+        device = profile(device_type)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from exc
+    # Mixed precision by default where the device's profile says it is supported, in bfloat16
+    # where it has it.
+    given = {"amp": device.amp, "amp_dtype": "bfloat16" if device.bf16 else "float16"}
+    given.update(hyperparameters or {})
+    hp = _validated_hyperparameters(kind, None if model else preset, given)
+    if hp.amp and not device.amp:
+        raise ValidationError(
+            _("Mixed precision (amp) is not supported on %(device)s.") % {"device": device.label}
+        )
+    if hp.amp and hp.amp_dtype == "bfloat16" and not device.bf16:
+        raise ValidationError(
+            _("%(device)s has no bfloat16: choose amp_dtype float16.") % {"device": device.label}
+        )
+    if device_count < 1:
+        raise ValidationError(_("A job needs at least one device."))
+    if device_count > 1 and generative:
+        raise ValidationError(_("Large models train on one device for now."))
+    if backend == "torch" and device.paddle_device not in ("cpu", "gpu"):
+        raise ValidationError(
+            _("The torch backend runs on CPUs and CUDA or ROCm cards, not on %(device)s.")
+            % {"device": device.label}
+        )
+    if device_count > 1 and backend not in MULTI_DEVICE_BACKENDS:
+        raise ValidationError(
+            _(
+                "Training on several devices runs on the paddle and torch backends (their "
+                "launchers); the %(backend)s backend trains on one device."
+            )
+            % {"backend": backend}
+        )
+    if priority not in TrainingJob.Priority.values:
+        raise ValidationError(_("Unknown priority %(p)s.") % {"p": priority})
+    _check_priority(actor, team, priority)
+    max_hours = _checked_max_hours(max_hours)
+    nodes = live_nodes_with(device.name)
+    counts = [n for _node, n in nodes]
+    if nodes and placement_plan(device, counts, device_count) is None:
+        most = max(counts)
+        if not device.multi_node:
+            raise ValidationError(
+                _(
+                    "No node has %(n)d %(device)s devices: the most on one node is %(most)d "
+                    "(%(nodes)s). A job of this device type runs on the devices of one node."
+                )
+                % {
+                    "n": device_count,
+                    "device": device.label,
+                    "most": most,
+                    "nodes": ", ".join(node.name for node, n in nodes if n == most),
+                }
+            )
+        message = _(
+            "The live nodes cannot hold %(n)d %(device)s devices in equal shares (a job "
+            "spans nodes with as many devices on each): they have %(counts)s."
+        ) % {
+            "n": device_count,
+            "device": device.label,
+            "counts": ", ".join(f"{node.name} {n}" for node, n in nodes),
+        }
+        if device.name == "cpu":
+            message += " " + _(
+                "A node's CPU counts as PLATFORM_CPU_SLOTS devices (1 by default): raise it "
+                "there, or ask for fewer."
+            )
+        raise ValidationError(message)
+    data_report = {}
+    if generative:
+        try:
+            data_report = token_report(dataset_version, model, kind, hp.max_seq_length)
+        except (ValueError, OSError, TemplateError) as exc:  # a template that fails, a damaged file
+            raise ValidationError(_("The rows could not be tokenised: %(e)s") % {"e": exc}) from exc
+        if data_report["over_train"] >= data_report["rows"].get("train", 0):
+            raise ValidationError(
+                _(
+                    "Every training row is over the token limit of %(limit)d (the longest has "
+                    "%(longest)d tokens): raise max_seq_length."
+                )
+                % {"limit": hp.max_seq_length, "longest": data_report["longest"]}
+            )
+    with transaction.atomic():
+        _check_user_limit(actor)
+        job = TrainingJob.objects.create(
+            team=team,
+            name=name.strip()[:100] or f"{dataset.name} v{dataset_version.number}",
+            dataset_version=dataset_version,
+            task_kind=kind,
+            labels=labels,
+            base_model=model,
+            preset="" if model else preset,
+            backend=backend,
+            hyperparameters=asdict(hp),
+            device_type=device.name,
+            device_count=device_count,
+            priority=priority,
+            max_hours=max_hours,
+            origin=origin,
+            data_report=data_report,
+            waiting_reason="" if nodes else no_node_reason(device.name),
+            celery_task_id=uuid.uuid4().hex,
+            created_by=actor,
+        )
+        audit_record(
+            action="training.job_submit",
+            actor=actor,
+            team=team,
+            target=job,
+            data={
+                "dataset_version": str(dataset_version),
+                "backend": backend,
+                "model": job.model_source,
+                "device": f"{device.name}×{device_count}",
+                "origin": origin.pk if origin else None,
+            },
+        )
+        transaction.on_commit(lambda: training_job_enqueue(job))
+    return job
+
+
+def _check_priority(actor: AbstractBaseUser, team: Team, priority: int) -> None:
+    """The top priority jumps every queue of shared accelerators: the team's owners and site
+    staff only."""
+    if priority != TrainingJob.Priority.TOP or actor.is_staff:
+        return
+    if not Membership.objects.filter(team=team, user=actor, role=Role.OWNER).exists():
+        raise PermissionDenied(
+            _("The top priority is for the team's owners and site staff; choose high at most.")
+        )
+
+
+def _checked_max_hours(max_hours: float | None) -> float:
+    """The job's maximum run time: TRAINING_MAX_HOURS, or less if it asks for less."""
+    limit = float(settings.TRAINING_MAX_HOURS)
+    if max_hours is None:
+        return limit
+    if not 0 < max_hours <= limit:
+        raise ValidationError(
+            _("A job runs at most %(limit)s hours on this site (TRAINING_MAX_HOURS); %(h)s asked.")
+            % {"limit": f"{limit:g}", "h": f"{max_hours:g}"}
+        )
+    return float(max_hours)
+
+
+def _check_user_limit(actor: AbstractBaseUser) -> None:
+    """Per user, over all their teams: a user in several teams (or who made several) gets no
+    more than TRAINING_MAX_CONCURRENT_PER_USER queued or running jobs. Called in the job's
+    transaction with the user's row locked, so that two submissions do not both pass."""
+    get_user_model().objects.select_for_update().filter(pk=actor.pk).first()
+    limit = settings.TRAINING_MAX_CONCURRENT_PER_USER
+    active = TrainingJob.objects.filter(created_by=actor, status__in=TrainingJob.ACTIVE).count()
+    if active >= limit:
+        raise ValidationError(
+            _(
+                "You have %(n)d training jobs queued or running (in all your teams); the limit "
+                "is %(limit)d a user (TRAINING_MAX_CONCURRENT_PER_USER). Wait for one to end "
+                "or cancel one."
+            )
+            % {"n": active, "limit": limit}
+        )
+
+
+def training_job_enqueue(job: TrainingJob, countdown: float | None = None) -> None:
+    """The job's task on the queue of its device type, at its priority, under its task id."""
+    from training.tasks import run_training_job  # the tasks import the worker's modules
+
+    run_training_job.apply_async(
+        (job.pk,),
+        task_id=job.celery_task_id,
+        queue=profile(job.device_type).queue,
+        priority=job.priority,
+        countdown=countdown,
+    )
+
+
+def no_node_reason(device_type: str) -> str:
+    """Why a job waits when no live node has its device type (its ``waiting_reason``)."""
+    return _(
+        "Waiting: no live node has a %(device)s device (queue %(queue)s); see the nodes page."
+    ) % {"device": device_type, "queue": profile(device_type).queue}
+
+
+def _spec_fields(job: TrainingJob) -> dict:
+    return {
+        "dataset_version": job.dataset_version,
+        "backend": job.backend,
+        "base_model": job.base_model.name if job.base_model_id else "",
+        "preset": job.preset,
+        "hyperparameters": dict(job.hyperparameters),
+        "device_type": job.device_type,
+        "device_count": job.device_count,
+        "priority": job.priority,
+        # A retry keeps its limit, within the site's (which may have been lowered since).
+        "max_hours": min(job.max_hours, settings.TRAINING_MAX_HOURS) if job.max_hours else None,
+    }
+
+
+def training_job_retry(*, actor: AbstractBaseUser, job: TrainingJob) -> TrainingJob:
+    """A new job with the same spec as a failed or cancelled one."""
+    if job.status not in (TrainingJob.Status.FAILED, TrainingJob.Status.CANCELLED):
+        raise ValidationError(_("Only a failed or cancelled job can be retried."))
+    return training_job_submit(
+        actor=actor, team=job.team, origin=job, name=job.name, **_spec_fields(job)
+    )
+
+
+def training_job_clone(
+    *, actor: AbstractBaseUser, job: TrainingJob, changes: dict[str, Any]
+) -> TrainingJob:
+    """A new job like ``job`` with ``changes``: hyperparameters (merged), backend, base_model,
+    preset, device_type, device_count, priority, name."""
+    fields = _spec_fields(job)
+    unknown = set(changes) - set(fields) - {"name"}
+    if unknown:
+        raise ValidationError(_("Unknown field(s): %(f)s.") % {"f": ", ".join(sorted(unknown))})
+    fields["hyperparameters"].update(changes.pop("hyperparameters", None) or {})
+    if changes.get("base_model"):
+        fields["preset"] = ""
+    if changes.get("preset"):
+        fields["base_model"] = ""
+    fields.update(changes)
+    name = fields.pop("name", "") or f"{job.name} (clone)"
+    return training_job_submit(actor=actor, team=job.team, origin=job, name=name, **fields)
+
+
+@transaction.atomic
+def training_job_cancel(*, actor: AbstractBaseUser, job: TrainingJob) -> TrainingJob:
+    """A queued job leaves the queue at once; a running one is stopped by its worker within
+    about a second (its process group is killed)."""
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    if not job.is_active:
+        raise ValidationError(
+            _("The job is %(status)s already; there is nothing to cancel.")
+            % {"status": job.get_status_display()}
+        )
+    job.cancel_requested = True
+    if job.status == TrainingJob.Status.QUEUED:
+        job.status = TrainingJob.Status.CANCELLED
+        job.finished_at = timezone.now()
+        task_id = job.celery_task_id
+        transaction.on_commit(lambda: _revoke(task_id))
+    job.save(update_fields=["cancel_requested", "status", "finished_at"])
+    audit_record(action="training.job_cancel", actor=actor, team=job.team, target=job)
+    return job
+
+
+def _revoke(task_id: str) -> None:
+    from console.celery import app
+
+    app.control.revoke(task_id)
+
+
+def training_job_finish(job: TrainingJob, status: str, error: str = "") -> None:
+    """The job's end (succeeded, failed with ``error``, cancelled), audited as the system's:
+    called by the worker that ran it and by the claim that finds it over."""
+    job.status = status
+    job.error = error
+    job.finished_at = timezone.now()
+    job.phase = ""
+    job.eta_s = None
+    job.save(update_fields=["status", "error", "finished_at", "phase", "eta_s"])
+    audit_record(
+        action=f"training.job_{status}",
+        actor=None,
+        actor_username="system",
+        team=job.team,
+        target=job,
+        data={"error": error[:500]} if error else {},
+    )

@@ -1,0 +1,208 @@
+"""The model-version registry: a succeeded job's model registered (its export and best
+checkpoint stored, its evaluation kept), a version written as one ``.tar.gz`` that another site
+imports (every file checked against its sha256), and deleted unless an app that uses it refuses
+(``model_version_delete_checks``)."""
+
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import Max
+from django.utils.translation import gettext as _
+
+from console.models import Team
+from console.quotas import team_storage_check
+from console.services import audit_record
+from runtime.inference import MANIFEST, PATH_FIELDS, read_manifest, write_manifest
+from training import storage
+from training.base_models import weights_to_safetensors
+from training.jobs import training_job_finish
+from training.models import ModelVersion, TrainingJob
+
+
+def _next_number(team: Team, name: str) -> int:
+    top = ModelVersion.objects.filter(team=team, name=name).aggregate(n=Max("number"))["n"]
+    return (top or 0) + 1
+
+
+def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
+    """The model of a succeeded job: its export and best checkpoint into storage (first, outside
+    any transaction: a large model's copy must not hold the database's write lock), then its
+    row and the job's status in one short transaction."""
+    manifest = read_manifest(workdir / "export")
+    evaluation = json.loads((workdir / "evaluation.json").read_text(encoding="utf-8"))
+    uid = uuid.uuid4()
+    prefix = f"models/{uid.hex}/"
+    with tempfile.TemporaryDirectory(prefix="model-") as tmp:
+        staged = Path(tmp)
+        # Links are copied as links (check_outputs refused them already): never their targets.
+        shutil.copytree(workdir / "export", staged / "export", symlinks=True)
+        shutil.copytree(workdir / "best", staged / "checkpoint", symlinks=True)
+        files = storage.store_dir(staged, prefix)
+    name = job.dataset_version.dataset.name
+    with transaction.atomic():
+        Team.objects.select_for_update().get(pk=job.team_id)
+        version = ModelVersion.objects.create(
+            uid=uid,
+            team=job.team,
+            name=name,
+            number=_next_number(job.team, name),
+            job=job,
+            dataset_version=job.dataset_version,
+            task_kind=job.task_kind,
+            labels=list(job.labels),
+            backend=job.backend,
+            runtime=manifest["runtime"],
+            base=job.model_source,
+            hyperparameters=job.hyperparameters,
+            metrics={k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)},
+            evaluation=evaluation,
+            manifest=manifest,
+            storage_prefix=prefix,
+            files=files,
+            created_by=job.created_by,
+        )
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        training_job_finish(job, TrainingJob.Status.SUCCEEDED)
+    return version
+
+
+def model_version_archive(version: ModelVersion, out) -> None:
+    """Write one .tar.gz of a model version to the binary file ``out``: model.json (what it is
+    and where it came from), export/ and checkpoint/."""
+    meta = {
+        "format": 1,
+        "name": version.name,
+        "number": version.number,
+        "task_kind": version.task_kind,
+        "labels": version.labels,
+        "backend": version.backend,
+        "runtime": version.runtime,
+        "base": version.base,
+        "hyperparameters": version.hyperparameters,
+        "metrics": version.metrics,
+        "evaluation": version.evaluation,
+        "files": version.files,
+        "provenance": version.provenance
+        or {
+            "team": version.team.slug,
+            "dataset": version.dataset_version.dataset.name if version.dataset_version else "",
+            "dataset_version": version.dataset_version.number if version.dataset_version else None,
+            "content_hash": version.dataset_version.content_hash if version.dataset_version else "",
+            "job": version.job_id,
+            "created_at": version.created_at.isoformat(),
+        },
+    }
+    with tarfile.open(fileobj=out, mode="w:gz") as tf:
+        raw = json.dumps(meta, ensure_ascii=False, indent=1).encode()
+        info = tarfile.TarInfo("model.json")
+        info.size = len(raw)
+        tf.addfile(info, io.BytesIO(raw))
+        for rel, meta_file in version.files.items():
+            info = tarfile.TarInfo(rel)
+            info.size = meta_file["size"]
+            with default_storage.open(version.storage_prefix + rel, "rb") as f:
+                tf.addfile(info, f)
+
+
+def _manifest_after_conversion(export: Path, manifest: dict, converted: dict[str, str]) -> dict:
+    """The export's manifest again after its pickled weights became safetensors (a version
+    exported before they were): new files and hashes, the fields that named a pickle renamed."""
+    renamed = {
+        old.removeprefix(storage.MODEL_EXPORT): new.removeprefix(storage.MODEL_EXPORT)
+        for old, new in converted.items()
+        if old.startswith(storage.MODEL_EXPORT)
+    }
+    fields = {k: v for k, v in manifest.items() if k not in ("files", "format")}
+    for key in PATH_FIELDS:
+        if fields.get(key) in renamed:
+            fields[key] = renamed[fields[key]]
+    write_manifest(export, **fields)
+    return read_manifest(export)
+
+
+def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> ModelVersion:
+    """A model version from another site's archive (``model_version_archive``), checked file by
+    file against its sha256."""
+    with tempfile.TemporaryDirectory(prefix="model-import-") as tmp:
+        tmp_path = Path(tmp)
+        local = tmp_path / "model.tar.gz"
+        with open(local, "wb") as f:
+            for chunk in archive.chunks():
+                f.write(chunk)
+        root = storage.extract_archive(local, tmp_path / "x")
+        try:
+            meta = json.loads((root / "model.json").read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ValidationError(_("The archive has no model.json: not a model version.")) from exc
+        except ValueError as exc:
+            raise ValidationError(_("model.json is not valid JSON: %(e)s") % {"e": exc}) from exc
+        if not (root / "export" / MANIFEST).is_file():
+            raise ValidationError(_("The archive lacks export/manifest.json."))
+        try:
+            manifest = read_manifest(root / "export")
+            converted = weights_to_safetensors(root)
+            if any(old.startswith(storage.MODEL_EXPORT) for old in converted):
+                manifest = _manifest_after_conversion(root / "export", manifest, converted)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValidationError(str(exc)) from exc
+        (root / "model.json").unlink()
+        team_storage_check(team, storage.dir_size(root))
+        uid = uuid.uuid4()
+        prefix = f"models/{uid.hex}/"
+        files = storage.store_dir(root, prefix)
+    name = str(meta.get("name") or "imported")[:100]
+    with transaction.atomic():  # short: the files are stored already
+        Team.objects.select_for_update().get(pk=team.pk)
+        version = ModelVersion.objects.create(
+            uid=uid,
+            team=team,
+            name=name,
+            number=_next_number(team, name),
+            source=ModelVersion.Source.IMPORTED,
+            task_kind=manifest["task_kind"],
+            labels=manifest["labels"],
+            backend=manifest.get("backend", meta.get("backend", "")),
+            runtime=manifest["runtime"],
+            base=str(meta.get("base", "")),
+            hyperparameters=meta.get("hyperparameters") or {},
+            metrics=meta.get("metrics") or {},
+            evaluation=meta.get("evaluation") or {},
+            manifest=manifest,
+            storage_prefix=prefix,
+            files=files,
+            provenance=meta.get("provenance") or {},
+            created_by=actor,
+        )
+        audit_record(
+            action="model.import",
+            actor=actor,
+            team=team,
+            target=version,
+            data={"from": meta.get("provenance", {}), "files": len(files)},
+        )
+    return version
+
+
+# Checks that refuse to delete a model version still in use, registered by the apps that use
+# model versions (deployment: one that serves traffic); each raises ValidationError.
+model_version_delete_checks: list[Callable[[ModelVersion], None]] = []
+
+
+@transaction.atomic
+def model_version_delete(*, actor: AbstractBaseUser, version: ModelVersion) -> None:
+    for check in model_version_delete_checks:
+        check(version)
+    prefix, files = version.storage_prefix, dict(version.files)
+    audit_record(action="model.delete", actor=actor, team=version.team, target=version)
+    version.delete()
+    transaction.on_commit(lambda: storage.delete_prefix(prefix, files))
