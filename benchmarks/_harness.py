@@ -9,7 +9,6 @@ The benchmarks import this module only: a sibling module named like a top-level 
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import random
@@ -125,25 +124,17 @@ def import_version(actor, team, data: bytes, fmt: str, mapping: dict, labels=LAB
     """A text-classification dataset version of ``data`` by the real import path (upload,
     import job, splits 0.8/0.1/0.1), the import run in this process (eager Celery)."""
     from console.celery import app
-    from labeling.datasets import dataset_create, upload_create, upload_write_chunk
-    from labeling.imports import import_start
+    from labeling.datasets import dataset_create
+    from tests.helpers import start_import, upload_data
 
     dataset = dataset_create(
         actor=actor, team=team, name="reviews", task_kind="text_classification", labels=labels
     )
-    upload = upload_create(actor=actor, team=team, filename=f"r.{fmt}", size=len(data))
-    upload = upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
+    upload = upload_data(actor, team, data, fmt)
     eager = app.conf.task_always_eager
     app.conf.task_always_eager = True
     try:
-        job = import_start(
-            actor=actor,
-            dataset=dataset,
-            upload=upload,
-            fmt=fmt,
-            encoding="utf-8",
-            options={"mapping": mapping},
-        )
+        job = start_import(actor, dataset, upload, mapping, fmt)
     finally:
         app.conf.task_always_eager = eager
     job.refresh_from_db()
@@ -292,23 +283,32 @@ for line in sys.stdin:
 """
 
 
+def start_bare(script: str, args: list[str], log: Path, what: str) -> subprocess.Popen:
+    """``script`` run by the runtime's Python with ``args``, on one thread as the host's
+    predictor and generation processes, talking lines on stdin and stdout (stderr to ``log``);
+    returns once it has said "ready"."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [runtime_python(), "-c", script, *args],
+            cwd=ROOT,
+            env=runtime_env(OMP_NUM_THREADS="1"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        sys.exit(f"the {what} did not load:\n{log.read_text()[-3000:]}")
+    return proc
+
+
 class Bare:
     """The bare predictor's process, measuring on demand."""
 
     def __init__(self, export: Path, texts_file: Path, log: Path) -> None:
         self.log = log
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [runtime_python(), "-c", BARE, str(export), str(texts_file)],
-                cwd=ROOT,
-                env=runtime_env(OMP_NUM_THREADS="1"),  # as the host's predictor processes
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-        if self._line() != "ready":
-            sys.exit(f"the bare predictor did not load:\n{log.read_text()[-3000:]}")
+        self.proc = start_bare(BARE, [str(export), str(texts_file)], log, "bare predictor")
 
     def _line(self) -> str:
         assert self.proc.stdout is not None

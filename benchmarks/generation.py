@@ -28,7 +28,6 @@ import http.client
 import json
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,13 +35,11 @@ import time
 from pathlib import Path
 
 from _harness import (
-    ROOT,
     Host,
     parse,
     print_result,
     run_job,
-    runtime_env,
-    runtime_python,
+    start_bare,
     stop,
     write_splits,
 )
@@ -116,25 +113,9 @@ class BareGenerator:
     """The bare engine's process, generating for the batch of prompts on demand."""
 
     def __init__(self, export: Path, max_tokens: int, log: Path) -> None:
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [
-                    runtime_python(),
-                    "-c",
-                    BARE,
-                    str(export),
-                    str(max_tokens),
-                    json.dumps(QUESTIONS, ensure_ascii=False),
-                ],
-                cwd=ROOT,
-                env=runtime_env(OMP_NUM_THREADS="1"),  # as the host's generation process
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-        if self.proc.stdout.readline().strip() != "ready":
-            sys.exit(f"the bare engine did not load:\n{log.read_text()[-3000:]}")
+        questions = json.dumps(QUESTIONS, ensure_ascii=False)
+        args = [str(export), str(max_tokens), questions]
+        self.proc = start_bare(BARE, args, log, "bare engine")
 
     def measure(self) -> float:
         self.proc.stdin.write("go\n")

@@ -1,5 +1,8 @@
 """REST API of the platform core, under /api/v1/. Views are thin: services write, selectors read."""
 
+from collections.abc import Callable
+from typing import Any
+
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.utils.translation import gettext_lazy as _
@@ -79,6 +82,152 @@ def created(serializer_class: type[Serializer], instance: object) -> Response:
 # describe every operation of every subclass with it.)
 class TeamAPIView(APIView):
     permission_classes = [TeamPermission]
+
+    def parent(self) -> Any:
+        # What the selectors of the operations below take first: the team, or the object that
+        # a nested URL names (an endpoint's revisions, a dataset's versions).
+        return self.request.team
+
+
+# -- The usual operations, declared -----------------------------------------------------------
+# A method of a TeamAPIView may be one of Op's instead of a body: it names the selector that
+# reads and the service that writes, and the serializers of the body and of the answer, e.g.
+#     get = Op.list(selectors.team_datasets_overview, DatasetSerializer)
+#     post = Op.create(dataset_create, body=DatasetCreateSerializer, answer=DatasetSerializer)
+#     delete = Op.delete(dataset_delete, dataset=selectors.dataset_get)
+# The view's read_permission and write_permission guard it as they guard a written-out method,
+# and the schema describes it as @extend_schema would one (``doc`` is its docstring). An
+# operation with logic of its own is written out.
+
+Selector = Callable[..., Any]
+Service = Callable[..., Any]
+Handler = Callable[..., Response]
+
+
+def _url_object(view: TeamAPIView, selector: Selector) -> Any:
+    # The object the URL names: the selector takes the view's parent and the URL's last argument.
+    return selector(view.parent(), list(view.kwargs.values())[-1])
+
+
+def _target(target: dict[str, Selector]) -> tuple[str, Selector]:
+    # `name=selector`: the keyword the service takes the URL's object as, and its selector.
+    if len(target) != 1:
+        raise TypeError(f"name the one object the service takes, not {sorted(target)}")
+    return next(iter(target.items()))
+
+
+def _on_object(
+    service: Service,
+    body: type[Serializer] | None,
+    answer: type[Serializer],
+    status_code: int,
+    doc: str | None,
+    with_team: bool,
+    target: dict[str, Selector],
+) -> Handler:
+    # Op.update's and Op.action's handler: the service called on the URL's object.
+    name, selector = _target(target)
+    responses = answer if status_code == status.HTTP_200_OK else {status_code: answer}
+
+    @extend_schema(request=body, responses=responses)
+    def handler(self, request: Request, **kwargs: Any) -> Response:
+        obj = _url_object(self, selector)  # 404 before 400
+        data = validated(body, request) if body else {}
+        if with_team:
+            data["team"] = request.team
+        obj = service_call(service, actor=request.user, **{name: obj}, **data)
+        return Response(answer(obj).data, status=status_code)
+
+    handler.__doc__ = doc
+    return handler
+
+
+class Op:
+    """The operations a team-scoped view declares (see above)."""
+
+    @staticmethod
+    def list(selector: Selector, answer: type[Serializer]) -> Handler:
+        """GET: a page of ``selector(parent)``, each as ``answer`` (the view is a PaginatedList)."""
+
+        @extend_schema(responses=answer(many=True))
+        def get(self, request: Request, **kwargs: Any) -> Response:
+            return self.paginated(request, selector(self.parent()), answer)
+
+        return get
+
+    @staticmethod
+    def create(
+        service: Service,
+        *,
+        body: type[Serializer],
+        answer: type[Serializer],
+        doc: str | None = None,
+    ) -> Handler:
+        """POST: ``service(actor=, team=, **the body)``, the body as ``body`` validates it; a 201
+        with what the service made as ``answer``."""
+
+        @extend_schema(request=body, responses={201: answer})
+        def post(self, request: Request, **kwargs: Any) -> Response:
+            data = validated(body, request)
+            made = service_call(service, actor=request.user, team=request.team, **data)
+            return created(answer, made)
+
+        post.__doc__ = doc
+        return post
+
+    @staticmethod
+    def retrieve(
+        selector: Selector, answer: type[Serializer], *, doc: str | None = None
+    ) -> Handler:
+        """GET: the object the URL names, ``selector(parent, its id)``, as ``answer``."""
+
+        @extend_schema(responses=answer)
+        def get(self, request: Request, **kwargs: Any) -> Response:
+            return Response(answer(_url_object(self, selector)).data)
+
+        get.__doc__ = doc
+        return get
+
+    @staticmethod
+    def update(
+        service: Service,
+        *,
+        body: type[Serializer],
+        answer: type[Serializer],
+        doc: str | None = None,
+        with_team: bool = False,
+        **target: Selector,
+    ) -> Handler:
+        """PATCH: ``service(actor=, <name>=the object, **the body)`` for ``<name>=selector`` (the
+        object the URL names, as ``retrieve`` finds it), also ``team=`` if ``with_team``; what
+        the service answers as ``answer``."""
+        return _on_object(service, body, answer, status.HTTP_200_OK, doc, with_team, target)
+
+    @staticmethod
+    def action(
+        service: Service,
+        *,
+        answer: type[Serializer],
+        body: type[Serializer] | None = None,
+        status_code: int = status.HTTP_200_OK,
+        doc: str | None = None,
+        **target: Selector,
+    ) -> Handler:
+        """POST: as ``update`` (with the body if the action takes one); the answer with
+        ``status_code``."""
+        return _on_object(service, body, answer, status_code, doc, False, target)
+
+    @staticmethod
+    def delete(service: Service, **target: Selector) -> Handler:
+        """DELETE: ``service(actor=, <name>=the object)`` for ``<name>=selector``; a 204."""
+        name, selector = _target(target)
+
+        @extend_schema(responses={204: None})
+        def delete(self, request: Request, **kwargs: Any) -> Response:
+            service_call(service, actor=request.user, **{name: _url_object(self, selector)})
+            return Response(status=status.HTTP_204_NO_CONTENT)
+
+        return delete
 
 
 class MeView(APIView):
@@ -164,48 +313,21 @@ class TeamDetail(TeamAPIView):
 class MemberListCreate(PaginatedList, TeamAPIView):
     write_permission = Perm.TEAM_MANAGE
 
-    @extend_schema(responses=MembershipSerializer(many=True))
-    def get(self, request: Request, team: str) -> Response:
-        memberships = selectors.team_memberships(request.team)
-        return self.paginated(request, memberships, MembershipSerializer)
-
-    @extend_schema(request=InviteSerializer, responses={201: MembershipSerializer})
-    def post(self, request: Request, team: str) -> Response:
-        data = validated(InviteSerializer, request)
-        membership = service_call(
-            services.membership_add,
-            actor=request.user,
-            team=request.team,
-            **data,
-        )
-        return created(MembershipSerializer, membership)
+    get = Op.list(selectors.team_memberships, MembershipSerializer)
+    post = Op.create(services.membership_add, body=InviteSerializer, answer=MembershipSerializer)
 
 
 class MemberDetail(TeamAPIView):
     write_permission = Perm.TEAM_MANAGE
 
-    @extend_schema(responses=MembershipSerializer)
-    def get(self, request: Request, team: str, membership_id: int) -> Response:
-        membership = selectors.team_membership_get(request.team, membership_id)
-        return Response(MembershipSerializer(membership).data)
-
-    @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
-    def patch(self, request: Request, team: str, membership_id: int) -> Response:
-        membership = selectors.team_membership_get(request.team, membership_id)
-        data = validated(RoleSerializer, request)
-        membership = service_call(
-            services.membership_change_role,
-            actor=request.user,
-            membership=membership,
-            role=data["role"],
-        )
-        return Response(MembershipSerializer(membership).data)
-
-    @extend_schema(responses={204: None})
-    def delete(self, request: Request, team: str, membership_id: int) -> Response:
-        membership = selectors.team_membership_get(request.team, membership_id)
-        service_call(services.membership_remove, actor=request.user, membership=membership)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    get = Op.retrieve(selectors.team_membership_get, MembershipSerializer)
+    patch = Op.update(
+        services.membership_change_role,
+        membership=selectors.team_membership_get,
+        body=RoleSerializer,
+        answer=MembershipSerializer,
+    )
+    delete = Op.delete(services.membership_remove, membership=selectors.team_membership_get)
 
 
 class AuditList(generics.ListAPIView):

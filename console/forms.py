@@ -1,10 +1,18 @@
 from django import forms
 from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from console.roles import Role
 from console.services import api_token_default_days
+
+
+def error_text(exc: ValidationError | PermissionDenied) -> str:
+    """What a refused request is told (a form's error, a message): a service's reasons."""
+    if isinstance(exc, PermissionDenied):
+        return str(exc)
+    return " ".join(exc.messages)
 
 
 class TeamForm(forms.Form):

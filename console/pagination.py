@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -41,6 +42,20 @@ def paginate(
     query = request.GET.copy()
     query.pop(param, None)
     return page, query.urlencode()
+
+
+def render_page(
+    request: HttpRequest,
+    template: str,
+    items: QuerySet | Sequence,
+    context: dict | None = None,
+    *,
+    name: str = "page",
+) -> HttpResponse:
+    """A console page listing ``items``: the page of them the request asks for (as ``name``)
+    and ``query`` for ``console/_pager.html``'s links, besides ``context``."""
+    page, query = paginate(request, items)
+    return render(request, template, {name: page, "query": query, **(context or {})})
 
 
 class PaginatedList:

@@ -13,7 +13,7 @@ from typing import ParamSpec, TypeVar
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from runtime import env
+from runtime import env, sandbox
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Not upper-case: Django would take them for settings.
@@ -313,7 +313,9 @@ PLATFORM_RUNNER_USER = env_str("PLATFORM_RUNNER_USER")
 # Each job attempt (and each revision on the serving host, which reads the same variable) runs
 # as a uid of its own from this base on (16.8M uids, no passwd entry needed), in
 # PLATFORM_RUNNER_USER's group; empty or 0: all run as PLATFORM_RUNNER_USER (weaker).
-PLATFORM_RUNNER_UID_BASE = env_int("PLATFORM_RUNNER_UID_BASE", 200000, min=0, empty=0)
+PLATFORM_RUNNER_UID_BASE = env_int(
+    "PLATFORM_RUNNER_UID_BASE", sandbox.DEFAULT_UID_BASE, min=0, empty=0
+)
 # Work directories of jobs (data, checkpoints, exports): local or shared (NFS) disk.
 TRAINING_WORK_DIR = env_path("TRAINING_WORK_DIR", DATA_DIR / "training")
 # Jobs of one team that may run at once, whatever the number of workers.

@@ -17,16 +17,20 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from console import hardware, health, lockout, selectors, services
-from console.forms import AuditFilterForm, InviteForm, RoleForm, TeamForm, TokenForm, UserForm
-from console.pagination import paginate
+from console.forms import (
+    AuditFilterForm,
+    InviteForm,
+    RoleForm,
+    TeamForm,
+    TokenForm,
+    UserForm,
+    error_text,
+)
+from console.pagination import paginate, render_page
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 
 LAST_TEAM_SESSION_KEY = "last_team"
-
-
-def _error_text(exc: ValidationError) -> str:
-    return " ".join(exc.messages)
 
 
 @login_required
@@ -50,7 +54,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
         try:
             team = services.team_create(actor=request.user, name=form.cleaned_data["name"])
         except ValidationError as exc:
-            form.add_error("name", _error_text(exc))
+            form.add_error("name", error_text(exc))
         else:
             messages.success(request, _("Team “%(name)s” created.") % {"name": team.name})
             return redirect("console:dashboard", team=team.slug)
@@ -98,7 +102,7 @@ def members(request: HttpRequest) -> HttpResponse:
                 actor=request.user, team=request.team, **form.cleaned_data
             )
         except ValidationError as exc:
-            form.add_error("username", _error_text(exc))
+            form.add_error("username", error_text(exc))
         else:
             messages.success(
                 request,
@@ -106,17 +110,16 @@ def members(request: HttpRequest) -> HttpResponse:
                 % {"username": membership.user.username, "role": membership.get_role_display()},
             )
             return redirect("console:members", team=request.team.slug)
-    page, query = paginate(request, selectors.team_memberships(request.team))
-    return render(
+    return render_page(
         request,
         "console/members.html",
+        selectors.team_memberships(request.team),
         {
             "form": form,
-            "memberships": page,
-            "query": query,
             "roles": Role.choices,
             "can_manage": role_allows(request.membership.role, Perm.TEAM_MANAGE),
         },
+        name="memberships",
     )
 
 
@@ -134,7 +137,7 @@ def member_role(request: HttpRequest, membership_id: int) -> HttpResponse:
             )
             messages.success(request, _("Role changed."))
         except ValidationError as exc:
-            messages.error(request, _error_text(exc))
+            messages.error(request, error_text(exc))
     return redirect("console:members", team=request.team.slug)
 
 
@@ -146,7 +149,7 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
         services.membership_remove(actor=request.user, membership=membership)
         messages.success(request, _("Member removed."))
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
     return redirect("console:members", team=request.team.slug)
 
 
@@ -155,16 +158,11 @@ def audit(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
     events = selectors.team_audit_events(request.team, viewer=request.user, **filters)
-    page, query = paginate(request, events)
-    return render(
+    return render_page(
         request,
         "console/audit.html",
-        {
-            "form": form,
-            "page": page,
-            "query": query,
-            "actions": selectors.audit_actions(request.team),
-        },
+        events,
+        {"form": form, "actions": selectors.audit_actions(request.team)},
     )
 
 
@@ -181,22 +179,18 @@ def tokens(request: HttpRequest) -> HttpResponse:
                 expires_in_days=form.cleaned_data["expires_in_days"],
             )
         except ValidationError as exc:
-            form.add_error("name", _error_text(exc))
+            form.add_error("name", error_text(exc))
         else:
             # Shown this once, in this very answer (never cached): only its hash is kept, and
             # the plain key is stored nowhere on the way (no session, no message).
             new_key = key
             form = TokenForm()
-    page, query = paginate(request, selectors.user_api_tokens(request.user))
-    return render(
+    return render_page(
         request,
         "console/tokens.html",
-        {
-            "form": form,
-            "new_key": new_key,
-            "tokens": page,
-            "query": query,
-        },
+        selectors.user_api_tokens(request.user),
+        {"form": form, "new_key": new_key},
+        name="tokens",
     )
 
 
@@ -246,15 +240,16 @@ def users(request: HttpRequest) -> HttpResponse:
         try:
             user = services.user_create(actor=request.user, **form.cleaned_data)
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             messages.success(request, _("Account “%(username)s” created.") % {"username": user})
             return redirect("console:users")
-    page, query = paginate(request, get_user_model().objects.order_by("username"))
-    return render(
+    return render_page(
         request,
         "console/users.html",
-        {"form": form, "users": page, "query": query, "lockouts": lockout.active_lockouts()},
+        get_user_model().objects.order_by("username"),
+        {"form": form, "lockouts": lockout.active_lockouts()},
+        name="users",
     )
 
 
@@ -273,7 +268,7 @@ def lockout_clear(request: HttpRequest) -> HttpResponse:
         )
         messages.success(request, _("“%(value)s” unlocked.") % {"value": value})
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
     return redirect("console:users")
 
 
@@ -281,9 +276,12 @@ def lockout_clear(request: HttpRequest) -> HttpResponse:
 def user_tokens(request: HttpRequest, user_id: int) -> HttpResponse:
     """Another account's personal API tokens, for site staff to see and revoke."""
     account = selectors.account_get(user_id)
-    page, query = paginate(request, selectors.user_api_tokens(account))
-    return render(
-        request, "console/user_tokens.html", {"account": account, "tokens": page, "query": query}
+    return render_page(
+        request,
+        "console/user_tokens.html",
+        selectors.user_api_tokens(account),
+        {"account": account},
+        name="tokens",
     )
 
 
@@ -325,7 +323,7 @@ def user_active(request: HttpRequest, user_id: int) -> HttpResponse:
     try:
         services.user_set_active(actor=request.user, user=user, active=not user.is_active)
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
     return redirect("console:users")
 
 

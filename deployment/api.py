@@ -7,8 +7,9 @@ from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import Serializer
 
-from console.api import TeamAPIView, created, service_call, validated
+from console.api import Op, TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
 from console.roles import Perm
 from deployment import selectors
@@ -43,14 +44,11 @@ from runtime.kinds import GENERATIVE_KINDS
 from training.selectors import model_version_get
 
 
-class DeploymentAPIView(TeamAPIView):
-    write_permission = Perm.DEPLOYMENT_WRITE
-
-    def endpoint(self):
-        return selectors.endpoint_get(self.request.team, self.kwargs["endpoint_id"])
-
-    def revision(self):
-        return selectors.revision_get(self.endpoint(), self.kwargs["revision_id"])
+def validated_with_model_version(serializer_class: type[Serializer], request: Request) -> dict:
+    """The body, its ``model_version`` (an id) replaced by that model version of the team."""
+    data = validated(serializer_class, request)
+    data["model_version"] = model_version_get(request.team, data["model_version"])
+    return data
 
 
 def endpoint_detail(endpoint) -> dict:
@@ -59,23 +57,21 @@ def endpoint_detail(endpoint) -> dict:
     return EndpointDetailSerializer(endpoint, context={"revisions": revisions}).data
 
 
-class EndpointListCreate(PaginatedList, DeploymentAPIView):
-    @extend_schema(responses=EndpointSerializer(many=True))
-    def get(self, request: Request, team: str) -> Response:
-        endpoints = selectors.team_endpoints(request.team)
-        return self.paginated(request, endpoints, EndpointSerializer)
+class DeploymentAPIView(TeamAPIView):
+    write_permission = Perm.DEPLOYMENT_WRITE
 
+    def endpoint(self):
+        return selectors.endpoint_get(self.request.team, self.kwargs["endpoint_id"])
+
+
+class EndpointListCreate(PaginatedList, DeploymentAPIView):
+    get = Op.list(selectors.team_endpoints, EndpointSerializer)
+
+    # Written out: the answer is the endpoint's detail, with its revisions.
     @extend_schema(request=DeploySerializer, responses={201: EndpointDetailSerializer})
     def post(self, request: Request, team: str) -> Response:
-        data = validated(DeploySerializer, request)
-        version = model_version_get(request.team, data.pop("model_version"))
-        endpoint = service_call(
-            endpoint_deploy,
-            actor=request.user,
-            team=request.team,
-            model_version=version,
-            **data,
-        )
+        data = validated_with_model_version(DeploySerializer, request)
+        endpoint = service_call(endpoint_deploy, actor=request.user, team=request.team, **data)
         return Response(endpoint_detail(endpoint), status=status.HTTP_201_CREATED)
 
 
@@ -84,49 +80,35 @@ class EndpointDetail(DeploymentAPIView):
     def get(self, request: Request, team: str, endpoint_id: int) -> Response:
         return Response(endpoint_detail(self.endpoint()))
 
-    def delete(self, request: Request, team: str, endpoint_id: int) -> Response:
-        service_call(endpoint_delete, actor=request.user, endpoint=self.endpoint())
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    delete = Op.delete(endpoint_delete, endpoint=selectors.endpoint_get)
 
 
 class RevisionCreate(DeploymentAPIView):
     @extend_schema(request=CanarySerializer, responses={201: RevisionSerializer})
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
-        data = validated(CanarySerializer, request)
-        version = model_version_get(request.team, data.pop("model_version"))
-        revision = service_call(
-            revision_add,
-            actor=request.user,
-            endpoint=endpoint,
-            model_version=version,
-            **data,
-        )
+        data = validated_with_model_version(CanarySerializer, request)
+        revision = service_call(revision_add, actor=request.user, endpoint=endpoint, **data)
         return created(RevisionSerializer, revision)
 
 
 class RevisionDetail(DeploymentAPIView):
-    @extend_schema(responses=RevisionSerializer)
-    def get(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
-        return Response(RevisionSerializer(self.revision()).data)
+    def parent(self):
+        return self.endpoint()
 
-    @extend_schema(request=WeightSerializer, responses=RevisionSerializer)
-    def patch(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
-        revision = self.revision()
-        data = validated(WeightSerializer, request)
-        revision = service_call(
-            revision_set_weight,
-            actor=request.user,
-            revision=revision,
-            weight=data["weight"],
-        )
-        return Response(RevisionSerializer(revision).data)
+    get = Op.retrieve(selectors.revision_get, RevisionSerializer)
+    patch = Op.update(
+        revision_set_weight,
+        revision=selectors.revision_get,
+        body=WeightSerializer,
+        answer=RevisionSerializer,
+    )
 
 
 class RevisionPromote(DeploymentAPIView):
     @extend_schema(request=None, responses=EndpointDetailSerializer)
     def post(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
-        revision = self.revision()
+        revision = selectors.revision_get(self.endpoint(), revision_id)
         service_call(revision_promote, actor=request.user, revision=revision)
         return Response(endpoint_detail(self.endpoint()))
 
@@ -140,11 +122,12 @@ class EndpointRollback(DeploymentAPIView):
 
 
 class KeyListCreate(PaginatedList, DeploymentAPIView):
-    @extend_schema(responses=KeySerializer(many=True))
-    def get(self, request: Request, team: str, endpoint_id: int) -> Response:
-        keys = selectors.endpoint_keys(self.endpoint())
-        return self.paginated(request, keys, KeySerializer)
+    def parent(self):
+        return self.endpoint()
 
+    get = Op.list(selectors.endpoint_keys, KeySerializer)
+
+    # Written out: the plain key is in this answer only.
     @extend_schema(request=KeyCreateSerializer, responses={201: KeyCreatedSerializer})
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
@@ -160,11 +143,10 @@ class KeyListCreate(PaginatedList, DeploymentAPIView):
 
 
 class KeyRevoke(DeploymentAPIView):
-    @extend_schema(request=None, responses=KeySerializer)
-    def post(self, request: Request, team: str, endpoint_id: int, endpoint_key_id: int):
-        key = selectors.endpoint_key_get(self.endpoint(), endpoint_key_id)
-        key = service_call(endpoint_key_revoke, actor=request.user, key=key)
-        return Response(KeySerializer(key).data)
+    def parent(self):
+        return self.endpoint()
+
+    post = Op.action(endpoint_key_revoke, key=selectors.endpoint_key_get, answer=KeySerializer)
 
 
 class EndpointMetrics(DeploymentAPIView):

@@ -11,6 +11,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods, require_POST
 
+from console.forms import error_text
 from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, role_allows
@@ -20,10 +21,6 @@ from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.preannotate import preannotate_start
 from labeling.selectors import labeling_project_get
 from runtime.kinds import GENERATIVE_KINDS
-
-
-def _error_text(exc: ValidationError) -> str:
-    return " ".join(exc.messages)
 
 
 def _endpoint_page(request: HttpRequest, endpoint) -> HttpResponse:
@@ -68,7 +65,7 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
                 actor=request.user, team=request.team, **form.cleaned_data
             )
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             messages.success(request, _("Deployed. The endpoint takes traffic once it is ready."))
             return _endpoint_page(request, endpoint)
@@ -119,7 +116,7 @@ def _action(request: HttpRequest, endpoint, call, done: str) -> HttpResponse:
     try:
         call()
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
     else:
         messages.success(request, done)
     return _endpoint_page(request, endpoint)
@@ -210,7 +207,7 @@ def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
             actor=request.user, endpoint=endpoint, **form.cleaned_data
         )
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
         return _endpoint_page(request, endpoint)
     # Shown this once, in this very answer: only its hash is kept, and the plain key is
     # stored nowhere on the way (no session, no message, no cache).
@@ -242,7 +239,7 @@ def preannotate(request: HttpRequest, project_id: int) -> HttpResponse:
                 actor=request.user, project=project, endpoint=form.cleaned_data["endpoint"]
             )
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             messages.success(
                 request,

@@ -9,7 +9,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.api import TeamAPIView, created, service_call, validated
+from console.api import Op, TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
 from console.roles import Perm
 from labeling import exports, selectors
@@ -42,6 +42,8 @@ from labeling.serializers import (
 )
 from labeling.sync import labeling_project_sync_request
 
+CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
 
 class DatasetAPIView(TeamAPIView):
     write_permission = Perm.DATASET_WRITE
@@ -54,57 +56,30 @@ class DatasetAPIView(TeamAPIView):
 
 
 class DatasetListCreate(PaginatedList, DatasetAPIView):
-    @extend_schema(responses=DatasetSerializer(many=True))
-    def get(self, request: Request, team: str) -> Response:
-        datasets = selectors.team_datasets_overview(request.team)
-        return self.paginated(request, datasets, DatasetSerializer)
-
-    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetSerializer})
-    def post(self, request: Request, team: str) -> Response:
-        data = validated(DatasetCreateSerializer, request)
-        dataset = service_call(
-            dataset_create,
-            actor=request.user,
-            team=request.team,
-            **data,
-        )
-        return created(DatasetSerializer, dataset)
+    get = Op.list(selectors.team_datasets_overview, DatasetSerializer)
+    post = Op.create(dataset_create, body=DatasetCreateSerializer, answer=DatasetSerializer)
 
 
 class DatasetDetail(DatasetAPIView):
-    @extend_schema(responses=DatasetSerializer)
-    def get(self, request: Request, team: str, dataset_id: int) -> Response:
-        return Response(DatasetSerializer(self.dataset()).data)
-
-    @extend_schema(responses={204: None})
-    def delete(self, request: Request, team: str, dataset_id: int) -> Response:
-        service_call(dataset_delete, actor=request.user, dataset=self.dataset())
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    get = Op.retrieve(selectors.dataset_get, DatasetSerializer)
+    delete = Op.delete(dataset_delete, dataset=selectors.dataset_get)
 
 
 class UploadCreate(DatasetAPIView):
-    @extend_schema(request=UploadSerializer, responses={201: UploadSerializer})
-    def post(self, request: Request, team: str) -> Response:
-        """Start a chunked upload: declare the file's name and size, then PUT its bytes."""
-        data = validated(UploadSerializer, request)
-        upload = service_call(
-            upload_create,
-            actor=request.user,
-            team=request.team,
-            filename=data["filename"],
-            size=data["size"],
-        )
-        return created(UploadSerializer, upload)
-
-
-CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+    post = Op.create(
+        upload_create,
+        body=UploadSerializer,
+        answer=UploadSerializer,
+        doc="Start a chunked upload: declare the file's name and size, then PUT its bytes.",
+    )
 
 
 class UploadDetail(DatasetAPIView):
-    @extend_schema(responses=UploadSerializer)
-    def get(self, request: Request, team: str, upload_id) -> Response:
-        """Where an upload stands: a client resumes from ``received``."""
-        return Response(UploadSerializer(selectors.upload_get(request.team, upload_id)).data)
+    get = Op.retrieve(
+        selectors.upload_get,
+        UploadSerializer,
+        doc="Where an upload stands: a client resumes from ``received``.",
+    )
 
     @extend_schema(
         request={"application/octet-stream": bytes},
@@ -206,9 +181,7 @@ class ImportCreate(DatasetAPIView):
 
 
 class ImportDetail(DatasetAPIView):
-    @extend_schema(responses=ImportJobSerializer)
-    def get(self, request: Request, team: str, job_id: int) -> Response:
-        return Response(ImportJobSerializer(selectors.import_job_get(request.team, job_id)).data)
+    get = Op.retrieve(selectors.import_job_get, ImportJobSerializer)
 
 
 class Merge(DatasetAPIView):
@@ -255,9 +228,10 @@ class VersionList(PaginatedList, DatasetAPIView):
 
 
 class VersionDetail(DatasetAPIView):
-    @extend_schema(responses=VersionSerializer)
-    def get(self, request: Request, team: str, dataset_id: int, number: int) -> Response:
-        return Response(VersionSerializer(self.version()).data)
+    def parent(self):
+        return self.dataset()
+
+    get = Op.retrieve(selectors.version_get, VersionSerializer)
 
 
 def _page(request: Request) -> int:
@@ -356,18 +330,13 @@ class LabelingProjectDetail(LabelingProjectAPIView):
             }
         )
 
-    @extend_schema(request=LabelsRequestSerializer, responses=LabelingProjectSerializer)
-    def patch(self, request: Request, team: str, project_id: int) -> Response:
-        """Change the label set (only before the first annotation)."""
-        project = self.project()  # 404 before 400
-        data = validated(LabelsRequestSerializer, request)
-        project = service_call(
-            labeling_project_set_labels,
-            actor=request.user,
-            project=project,
-            labels=data["labels"],
-        )
-        return Response(LabelingProjectSerializer(project).data)
+    patch = Op.update(
+        labeling_project_set_labels,
+        project=selectors.labeling_project_get,
+        body=LabelsRequestSerializer,
+        answer=LabelingProjectSerializer,
+        doc="Change the label set (only before the first annotation).",
+    )
 
 
 class LabelingProjectSync(LabelingProjectAPIView):
@@ -378,17 +347,13 @@ class LabelingProjectSync(LabelingProjectAPIView):
 
 
 class LabelingProjectExport(LabelingProjectAPIView):
-    @extend_schema(request=ExportRequestSerializer, responses={202: ImportJobSerializer})
-    def post(self, request: Request, team: str, project_id: int) -> Response:
-        project = self.project()  # 404 before 400: another team's project does not exist
-        data = validated(ExportRequestSerializer, request)
-        job = service_call(
-            exports.labeling_project_export,
-            actor=request.user,
-            project=project,
-            **data,
-        )
-        return Response(ImportJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+    post = Op.action(
+        exports.labeling_project_export,
+        project=selectors.labeling_project_get,
+        body=ExportRequestSerializer,
+        status_code=202,
+        answer=ImportJobSerializer,
+    )
 
 
 class LabelingProjectPredictions(LabelingProjectAPIView):

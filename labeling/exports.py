@@ -38,7 +38,7 @@ from django.http.response import HttpResponseBase
 from django.utils.http import content_disposition_header
 from django.utils.translation import gettext as _
 
-from labeling import consensus, selectors, task_kinds
+from labeling import consensus, pipeline, selectors, task_kinds
 from labeling.imports import import_job_queue, import_options
 from labeling.models import DatasetVersion, ImportJob, LabelingProject
 from labeling.readers import XLSX_MAX_ROWS
@@ -59,7 +59,7 @@ def labeling_project_export(
     options = {
         "mapping": {f: f for f in task_kinds.get(dataset.task_kind).field_names()},
         "drop_duplicates": False,
-        "ratios": version.options.get("ratios") or [0.8, 0.1, 0.1],
+        "ratios": version.options.get("ratios") or list(pipeline.DEFAULT_RATIOS),
         "seed": version.options.get("seed", 42),
     }
     parsed = import_options(dataset, options)

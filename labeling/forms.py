@@ -3,7 +3,7 @@ import re
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from labeling import task_kinds
+from labeling import pipeline, task_kinds
 from labeling.readers import ENCODINGS, FORMATS
 from labeling.task_kinds import KIND_CHOICES
 
@@ -45,9 +45,9 @@ class ImportForm(forms.Form):
     strict = forms.BooleanField(
         label=_("Strict: fail the whole import if any row is rejected"), required=False
     )
-    train = forms.FloatField(label=_("Train"), min_value=0, initial=0.8)
-    dev = forms.FloatField(label=_("Dev"), min_value=0, initial=0.1)
-    test = forms.FloatField(label=_("Test"), min_value=0, initial=0.1)
+    train = forms.FloatField(label=_("Train"), min_value=0, initial=pipeline.DEFAULT_RATIOS[0])
+    dev = forms.FloatField(label=_("Dev"), min_value=0, initial=pipeline.DEFAULT_RATIOS[1])
+    test = forms.FloatField(label=_("Test"), min_value=0, initial=pipeline.DEFAULT_RATIOS[2])
     seed = forms.IntegerField(label=_("Seed"), initial=42)
 
     def __init__(self, *args, kind: str, columns: list[str], **kwargs) -> None:

@@ -32,7 +32,7 @@ def import_options(dataset: Dataset, options: dict) -> pipeline.ImportOptions:
             _("Unknown field(s) for %(kind)s: %(fields)s.")
             % {"kind": dataset.task_kind, "fields": ", ".join(unknown)}
         )
-    ratios = tuple(float(r) for r in options.get("ratios") or (0.8, 0.1, 0.1))
+    ratios = tuple(float(r) for r in options.get("ratios") or pipeline.DEFAULT_RATIOS)
     if len(ratios) != 3 or any(r < 0 for r in ratios) or sum(ratios) <= 0:
         raise ValidationError(_("Split ratios are three non-negative numbers: train, dev, test."))
     total = sum(ratios)

@@ -30,6 +30,8 @@ PAGE_INDEX_STEP = 1000
 LENGTH_BINS = (0, 10, 20, 50, 100, 200, 500, 1000)
 PROGRESS_EVERY = 20_000
 MAX_RAW_IN_REPORT = 500
+# The train, dev and test shares of an import's rows where it names none.
+DEFAULT_RATIOS = (0.8, 0.1, 0.1)
 
 
 class ImportFailed(Exception):
@@ -42,7 +44,7 @@ class ImportOptions:
     fullwidth_to_halfwidth: bool = False
     strict: bool = False
     drop_duplicates: bool = True
-    ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    ratios: tuple[float, float, float] = DEFAULT_RATIOS
     seed: int = 42
     labels: frozenset[str] | None = None
     # Rows that come with a split (a labeling export, a merge) keep it; others get one.

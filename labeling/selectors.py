@@ -3,6 +3,7 @@ and those the app's services and tasks make of one version or project, or across
 projects the reconciliation syncs or pushes again)."""
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
@@ -132,50 +133,43 @@ def version_rows(
     page = max(page, 1)
     start = (page - 1) * per_page
     schema = task_kinds.get(version.dataset.task_kind)
-    filtered = bool(q or label or split)
     with default_storage.open(version.data_file, "rb") as f:
+        if q or label or split:
+            rows = (
+                (number, row)
+                for number, row in ((n, json.loads(line)) for n, line in enumerate(f, start=1))
+                if (not split or row.get("split") == split)
+                and (not label or label in schema.row_labels(row))
+                and (not q or q in schema.dedup_key(row))
+            )
+            return _rows_page(rows, page, per_page, skip=start)
         first = 0
-        if not filtered and version.page_index:
+        if version.page_index:
             block = min(start // PAGE_INDEX_STEP, len(version.page_index) - 1)
             f.seek(version.page_index[block])
             first = block * PAGE_INDEX_STEP
-        found, matched = [], 0
-        for number, line in enumerate(f, start=first + 1):
-            if not filtered and number <= start:
-                continue
-            row = json.loads(line)
-            if filtered:
-                if split and row.get("split") != split:
-                    continue
-                if label and label not in schema.row_labels(row):
-                    continue
-                if q and q not in schema.dedup_key(row):
-                    continue
-                matched += 1
-                if matched <= start:
-                    continue
-            found.append((number, row))
-            if len(found) > per_page:
-                break
-    return RowsPage(found[:per_page], page, len(found) > per_page)
+        # The lines before the page are passed over, not parsed.
+        lines = islice(enumerate(f, start=first + 1), start - first, None)
+        return _rows_page(((n, json.loads(line)) for n, line in lines), page, per_page)
 
 
 def report_entries(path: str, *, page: int = 1, per_page: int = 50, reason: str = "") -> RowsPage:
     if not path:
         return RowsPage([], 1, False)
     start = (max(page, 1) - 1) * per_page
-    found, matched = [], 0
     with default_storage.open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            entry = json.loads(line)
-            if reason and entry["reason"] != reason:
-                continue
-            matched += 1
-            if matched <= start:
-                continue
-            found.append((number, entry))
-            if len(found) > per_page:
-                break
+        entries = ((n, json.loads(line)) for n, line in enumerate(f, start=1))
+        if reason:
+            entries = ((n, entry) for n, entry in entries if entry["reason"] == reason)
+        return _rows_page(entries, page, per_page, skip=start)
+
+
+def _rows_page(
+    numbered: Iterator[tuple[int, dict]], page: int, per_page: int, skip: int = 0
+) -> RowsPage:
+    """``per_page`` of ``numbered`` after its first ``skip``, and whether more follow: reads no
+    further than one past the page."""
+    found = list(islice(numbered, skip, skip + per_page + 1))
     return RowsPage(found[:per_page], page, len(found) > per_page)
 
 

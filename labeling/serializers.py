@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling.pipeline import DEFAULT_RATIOS
 from labeling.readers import ENCODINGS, FORMATS
 from labeling.task_kinds import KIND_CHOICES
 
@@ -69,6 +70,16 @@ class VersionSerializer(serializers.ModelSerializer):
         ]
 
 
+def _split_ratios_field() -> serializers.ListField:
+    """The train, dev and test shares of an import's or a merge's rows."""
+    return serializers.ListField(
+        child=serializers.FloatField(min_value=0),
+        min_length=3,
+        max_length=3,
+        default=list(DEFAULT_RATIOS),
+    )
+
+
 class UploadSerializer(serializers.ModelSerializer):
     class Meta:
         model = Upload
@@ -84,12 +95,7 @@ class ImportRequestSerializer(serializers.Serializer):
     fullwidth_to_halfwidth = serializers.BooleanField(default=False)
     drop_duplicates = serializers.BooleanField(default=True)
     strict = serializers.BooleanField(default=False)
-    ratios = serializers.ListField(
-        child=serializers.FloatField(min_value=0),
-        min_length=3,
-        max_length=3,
-        default=[0.8, 0.1, 0.1],
-    )
+    ratios = _split_ratios_field()
     seed = serializers.IntegerField(default=42)
 
 
@@ -99,12 +105,7 @@ class MergeRequestSerializer(serializers.Serializer):
         min_length=2,
         max_length=100,
     )
-    ratios = serializers.ListField(
-        child=serializers.FloatField(min_value=0),
-        min_length=3,
-        max_length=3,
-        default=[0.8, 0.1, 0.1],
-    )
+    ratios = _split_ratios_field()
     seed = serializers.IntegerField(default=42)
     drop_duplicates = serializers.BooleanField(default=True)
 

@@ -14,7 +14,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 import labeling.datasets
-from console.pagination import paginate
+from console.forms import error_text
+from console.pagination import render_page
 from console.permissions import team_view
 from console.quotas import team_storage_quota, team_storage_used
 from console.roles import Perm, role_allows
@@ -36,10 +37,6 @@ from labeling.projects import (
     webhook_project,
 )
 from labeling.sync import labeling_project_sync_request
-
-
-def _error_text(exc: ValidationError) -> str:
-    return " ".join(exc.messages)
 
 
 def _can_write(request: HttpRequest) -> bool:
@@ -72,16 +69,14 @@ def datasets(request: HttpRequest) -> HttpResponse:
                 actor=request.user, team=request.team, **form.cleaned_data
             )
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             return redirect("labeling:dataset", team=request.team.slug, dataset_id=dataset.pk)
-    page, query = paginate(request, selectors.team_datasets_overview(request.team))
-    return render(
+    return render_page(
         request,
         "labeling/datasets.html",
+        selectors.team_datasets_overview(request.team),
         {
-            "page": page,
-            "query": query,
             "form": form,
             "can_write": _can_write(request),
             "storage": {
@@ -95,14 +90,12 @@ def datasets(request: HttpRequest) -> HttpResponse:
 @team_view(write=Perm.DATASET_WRITE)
 def dataset(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = selectors.dataset_get(request.team, dataset_id)
-    page, query = paginate(request, ds.versions.select_related("created_by", "parent"))
-    return render(
+    return render_page(
         request,
         "labeling/dataset.html",
+        ds.versions.select_related("created_by", "parent"),
         {
             "dataset": ds,
-            "page": page,
-            "query": query,
             "imports": ds.imports.select_related("version", "identical_to", "upload")[:10],
             "can_write": _can_write(request),
             "chunk_size": settings.UPLOAD_CHUNK_BYTES,
@@ -118,7 +111,7 @@ def dataset_delete(request: HttpRequest, dataset_id: int) -> HttpResponse:
     try:
         labeling.datasets.dataset_delete(actor=request.user, dataset=ds)
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
         return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
     messages.success(request, _("Dataset “%(name)s” deleted.") % {"name": ds.name})
     return redirect("labeling:datasets", team=request.team.slug)
@@ -154,7 +147,7 @@ def import_mapping(request: HttpRequest, dataset_id: int, upload_id) -> HttpResp
                 options=form.import_options(),
             )
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
     return render(
@@ -251,7 +244,7 @@ def version_download(request: HttpRequest, dataset_id: int, number: int, kind: s
     try:
         return exports.download_response(selectors.version_get(ds, number), kind)
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
         return redirect("labeling:version", team=request.team.slug, dataset_id=ds.pk, number=number)
 
 
@@ -276,7 +269,7 @@ def merge(request: HttpRequest, dataset_id: int) -> HttpResponse:
     try:
         job = version_merge(actor=request.user, dataset=ds, versions=versions, options={})
     except ValidationError as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
         return redirect("labeling:dataset", team=request.team.slug, dataset_id=ds.pk)
     return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
 
@@ -312,8 +305,9 @@ def label_studio_webhook(request: HttpRequest, project_id: int) -> HttpResponse:
 
 @team_view()
 def projects(request: HttpRequest) -> HttpResponse:
-    page, query = paginate(request, selectors.team_labeling_projects(request.team))
-    return render(request, "labeling/projects.html", {"page": page, "query": query})
+    return render_page(
+        request, "labeling/projects.html", selectors.team_labeling_projects(request.team)
+    )
 
 
 @team_view(write=Perm.LABELING_MANAGE)
@@ -325,7 +319,7 @@ def project_create(request: HttpRequest, dataset_id: int, number: int) -> HttpRe
         try:
             project = labeling_project_create(actor=request.user, version=v, **form.cleaned_data)
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             return redirect("labeling:project", team=request.team.slug, project_id=project.pk)
     return render(
@@ -343,7 +337,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
             )
             messages.success(request, _("Labels changed."))
         except ValidationError as exc:
-            messages.error(request, _error_text(exc))
+            messages.error(request, error_text(exc))
         return redirect("labeling:project", team=request.team.slug, project_id=p.pk)
     form = ExportForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -352,7 +346,7 @@ def project(request: HttpRequest, project_id: int) -> HttpResponse:
                 actor=request.user, project=p, **form.cleaned_data
             )
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             return redirect("labeling:import_job", team=request.team.slug, job_id=job.pk)
     template = "labeling/_project_status.html" if request.htmx else "labeling/project.html"

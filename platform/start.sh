@@ -9,25 +9,24 @@ export PATH="$PWD/.venv/bin:$PATH"
 export PLATFORM_DATA_DIR="${PLATFORM_DATA_DIR:-$PWD/var}"
 mkdir -p "$PLATFORM_DATA_DIR"
 
-# A secret of this installation, generated once and kept in the data directory.
-if [ -z "${SECRET_KEY:-}" ]; then
-  key_file="$PLATFORM_DATA_DIR/secret_key"
-  if [ ! -s "$key_file" ]; then
-    (umask 077; python -c 'import secrets; print(secrets.token_urlsafe(50))' > "$key_file")
+# export_secret NAME FILE BYTES: the variable NAME, unless set, from FILE in the data directory,
+# written once with a random secret of BYTES bytes.
+export_secret() {
+  local file="$PLATFORM_DATA_DIR/$2" value
+  if [ -n "${!1:-}" ]; then
+    return
   fi
-  SECRET_KEY="$(cat "$key_file")"
-  export SECRET_KEY
-fi
+  if [ ! -s "$file" ]; then
+    (umask 077; python -c "import secrets; print(secrets.token_urlsafe($3))" > "$file")
+  fi
+  value="$(cat "$file")"
+  export "$1=$value"
+}
 
+# A secret of this installation, generated once and kept in the data directory.
+export_secret SECRET_KEY secret_key 50
 # The serving hosts' management secret, shared by the console and the serving host.
-if [ -z "${SERVING_SECRET:-}" ]; then
-  serving_file="$PLATFORM_DATA_DIR/serving_secret"
-  if [ ! -s "$serving_file" ]; then
-    (umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > "$serving_file")
-  fi
-  SERVING_SECRET="$(cat "$serving_file")"
-  export SERVING_SECRET
-fi
+export_secret SERVING_SECRET serving_secret 32
 export SERVING_PORT="${SERVING_PORT:-8300}"
 
 processes=(web worker train beat serve)

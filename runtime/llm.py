@@ -10,7 +10,6 @@ are computed once, before the first step, and kept with the checkpoint, so LoRA 
 fine-tuning need no second copy of the model in memory.
 """
 
-import json
 import math
 import time
 from pathlib import Path
@@ -32,8 +31,9 @@ from runtime.loop import (
     BEST,
     CHECKPOINT,
     _recover,
-    _write_dir,
     learning_rate,
+    resume_state,
+    save_weights,
     step_done,
 )
 from runtime.spec import JobSpec
@@ -208,39 +208,22 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
     _recover(checkpoint)
     _recover(workdir / BEST)
     ops.build(spec, tok)
-    state: dict[str, Any] = {
-        "epoch": 0,
-        "step": 0,
-        "best": None,
-        "best_step": 0,
-        "bad_evals": 0,
-        "history": [],
-    }
-    if (checkpoint / "state.json").exists():
-        ops.load(checkpoint, with_optimizer=True)
-        state = json.loads((checkpoint / "state.json").read_text())
-        emit("resumed", step=state["step"], epoch=state["epoch"])
+    state = resume_state(ops, checkpoint, emit)
 
     reference = {}
     if objective == "dpo":
         reference = _reference_logps(ops, tok, examples, checkpoint, hp.batch_size)
 
-    def save_checkpoint() -> None:
-        def write(tmp: Path) -> None:
-            ops.save(tmp, with_optimizer=True)
-            if reference:
-                np.save(tmp / REFERENCE, reference["train"])
-            (tmp / "state.json").write_text(json.dumps(state))
+    def save_reference(tmp: Path) -> None:
+        if reference:
+            np.save(tmp / REFERENCE, reference["train"])
 
-        _write_dir(checkpoint, write)
+    def save_checkpoint() -> None:
+        save_weights(ops, checkpoint, state, with_optimizer=True, more=save_reference)
         emit("checkpoint", step=state["step"], epoch=state["epoch"])
 
     def save_best() -> None:
-        def write(tmp: Path) -> None:
-            ops.save(tmp, with_optimizer=False)
-            (tmp / "state.json").write_text(json.dumps({"step": state["step"]}))
-
-        _write_dir(workdir / BEST, write)
+        save_weights(ops, workdir / BEST, {"step": state["step"]})
 
     emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))
     collate = collate_sft if objective == "sft" else collate_dpo

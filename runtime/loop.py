@@ -113,6 +113,43 @@ def _recover(target: Path) -> None:
             other.rename(target)
 
 
+class _Checkpointed(Protocol):
+    def save(self, directory: Path, with_optimizer: bool) -> None: ...
+
+    def load(self, directory: Path, with_optimizer: bool) -> None: ...
+
+
+def save_weights(
+    ops: _Checkpointed,
+    target: Path,
+    state: dict[str, Any],
+    *,
+    with_optimizer: bool = False,
+    more: Callable[[Path], None] | None = None,
+) -> None:
+    """Replace ``target`` by the weights of ``ops`` (and its optimizer's state), the files
+    ``more`` writes, and ``state``: ``state.json`` comes last, it marks the directory whole."""
+
+    def write(tmp: Path) -> None:
+        ops.save(tmp, with_optimizer=with_optimizer)
+        if more:
+            more(tmp)
+        (tmp / "state.json").write_text(json.dumps(state))
+
+    _write_dir(target, write)
+
+
+def resume_state(ops: _Checkpointed, checkpoint: Path, emit: Emit) -> dict[str, Any]:
+    """The training loop's state: the checkpoint's, its weights and optimizer loaded into
+    ``ops``, where an earlier run of the job wrote one; else a fresh start."""
+    if (checkpoint / "state.json").exists():
+        ops.load(checkpoint, with_optimizer=True)
+        state = json.loads((checkpoint / "state.json").read_text())
+        emit("resumed", step=state["step"], epoch=state["epoch"])
+        return state
+    return {"epoch": 0, "step": 0, "best": None, "best_step": 0, "bad_evals": 0, "history": []}
+
+
 def check_finite(loss: float, step: int) -> None:
     if not math.isfinite(loss):
         raise FloatingPointError(f"the loss is {loss} at step {step}; lower the learning rate")
@@ -206,41 +243,21 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         emit = _silent
     elif world > 1:
         emit("log", message=f"{world} processes train this job, each on its share of a batch")
-    state: dict[str, Any] = {
-        "epoch": 0,
-        "step": 0,
-        "best": None,
-        "best_step": 0,
-        "bad_evals": 0,
-        "history": [],
-    }
-    if (checkpoint / "state.json").exists():
-        ops.load(checkpoint, with_optimizer=True)
-        state = json.loads((checkpoint / "state.json").read_text())
-        emit("resumed", step=state["step"], epoch=state["epoch"])
+    state = resume_state(ops, checkpoint, emit)
+
+    def save_vocab(tmp: Path) -> None:
+        tokenizer.save(tmp / VOCAB)
 
     def save_checkpoint() -> None:
         if rank:
             return
-
-        def write(tmp: Path) -> None:
-            ops.save(tmp, with_optimizer=True)
-            tokenizer.save(tmp / VOCAB)
-            (tmp / "state.json").write_text(json.dumps(state))  # last: marks it complete
-
-        _write_dir(checkpoint, write)
+        save_weights(ops, checkpoint, state, with_optimizer=True, more=save_vocab)
         emit("checkpoint", step=state["step"], epoch=state["epoch"])
 
     def save_best() -> None:
         if rank:
             return
-
-        def write(tmp: Path) -> None:
-            ops.save(tmp, with_optimizer=False)
-            tokenizer.save(tmp / VOCAB)
-            (tmp / "state.json").write_text(json.dumps({"step": state["step"]}))
-
-        _write_dir(workdir / BEST, write)
+        save_weights(ops, workdir / BEST, {"step": state["step"]}, more=save_vocab)
 
     # Model building (framework import, vocabulary, encoding, the model): apart from the steps.
     emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))

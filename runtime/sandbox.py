@@ -174,6 +174,8 @@ def runner_user(name: str = "") -> RunnerUser:
 ATTEMPT_SLOTS = 16
 JOB_SLOTS = 1 << 24
 PREDICTOR_SLOTS = 1 << 20
+# PLATFORM_RUNNER_UID_BASE unless set (the platform's settings and the serving host read it).
+DEFAULT_UID_BASE = 200000
 
 
 def _shared(name: str) -> pwd.struct_passwd:

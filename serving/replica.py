@@ -41,7 +41,7 @@ def predictor_user(key: str | None = None) -> sandbox.RunnerUser:
     name = env_str("PLATFORM_RUNNER_USER")
     if key is None:
         return sandbox.runner_user(name)
-    base = env_int("PLATFORM_RUNNER_UID_BASE", 200000, min=0, empty=0)
+    base = env_int("PLATFORM_RUNNER_UID_BASE", sandbox.DEFAULT_UID_BASE, min=0, empty=0)
     return sandbox.claim_user(name, base, key)
 
 

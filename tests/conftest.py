@@ -9,7 +9,16 @@ from django.utils import translation
 
 from console.models import Membership, Team
 from console.roles import Role
-from tests.helpers import SmallDisk, start_train_worker, start_worker, stop_worker
+from tests.helpers import (
+    CHARS,
+    MAKE_LLM,
+    MAKE_PADDLE,
+    SmallDisk,
+    model_dir,
+    start_train_worker,
+    start_worker,
+    stop_worker,
+)
 
 # tests/runtime runs in the runtime venv (make test), without Django.
 collect_ignore = ["runtime"]
@@ -69,6 +78,20 @@ def train_worker(django_db_setup, celery_worker_process):
     proc = start_train_worker(f"suite-{os.getpid()}", "cpu:2")
     yield proc
     stop_worker(proc)
+
+
+@pytest.fixture(scope="session")
+def paddle_base(django_db_setup) -> Path:
+    """A real ERNIE saved by PaddleNLP (paddle.save: model_state.pdparams), in its layout under
+    the server's import directory."""
+    return model_dir(MAKE_PADDLE, "ernie-mini", CHARS, env={"USE_TORCH": "0"})
+
+
+@pytest.fixture(scope="session")
+def llm_dirs(django_db_setup) -> dict[str, Path]:
+    """A tiny causal LM of the LLaMA architecture in each backend's layout, with its character
+    tokenizer and chat template, under the server's import directory."""
+    return {b: model_dir(MAKE_LLM, f"tiny-llama-{b}", b) for b in ("paddle", "torch")}
 
 
 @pytest.fixture

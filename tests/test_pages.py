@@ -5,12 +5,12 @@ import re
 import pytest
 from django.urls import reverse
 
-from tests.test_routes import ROUTES
+from tests.helpers import routes
 
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["'](?:https?:)?//""", re.I)
 PAGES = [
     r
-    for r in ROUTES
+    for r in routes()
     if not r.is_api
     and r.kwargs in ((), ("team",))
     and r.name not in {"console:logout", "set_language"}

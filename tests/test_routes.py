@@ -1,53 +1,24 @@
 """Every route of the platform, enumerated from the URLconf, so that a route added later is
 covered without a new test: login is required, another team's objects are 404, viewers cannot
-write. A new URL argument must be given a factory in ``object_factories``; until then these
-tests fail and name it."""
+write. A new URL argument must be given a factory in ``tests.helpers.object_factories``; until
+then these tests fail and name it."""
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.urls import reverse
 
 from console import services
 from console.models import Membership
 from console.roles import Role
-from tests.helpers import make_version
+from tests.helpers import Route, object_factories, routes
 
 # Routes anyone may call without logging in.
 PUBLIC = {"console:login", "console:logout", "set_language", "labeling:label_studio_webhook"}
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
 
-@dataclass(frozen=True)
-class Route:
-    name: str
-    kwargs: tuple[str, ...]
-    path: str
-
-    @property
-    def team_scoped(self) -> bool:
-        return "team" in self.kwargs
-
-    @property
-    def is_api(self) -> bool:
-        return self.path.startswith("api/")
-
-
-def iter_routes(
-    patterns=None, namespace: str = "", kwargs: tuple = (), prefix: str = ""
-) -> Iterator[Route]:
-    for entry in patterns if patterns is not None else get_resolver().url_patterns:
-        names = kwargs + tuple(entry.pattern.converters)
-        path = prefix + str(entry.pattern)
-        if isinstance(entry, URLResolver):
-            ns = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
-            yield from iter_routes(entry.url_patterns, ns, names, path)
-        elif isinstance(entry, URLPattern) and entry.name:
-            yield Route(f"{namespace}{entry.name}", names, path)
-
-
-ROUTES = sorted(set(iter_routes()), key=lambda r: r.name)
+ROUTES = routes()
 TEAM_ROUTES = [r for r in ROUTES if r.team_scoped]
 
 
@@ -58,63 +29,6 @@ class World:
     mine: object
     other: object
     objects: dict  # (team slug, kwarg) -> value
-
-
-def object_factories(team, owner) -> dict:
-    """How to make, in `team`, the object that each URL argument names."""
-    from labeling.datasets import dataset_create, upload_create
-    from labeling.projects import labeling_project_create
-    from training.jobs import training_job_submit
-    from training.models import BaseModel, ModelVersion
-
-    def version():
-        dataset = dataset_create(actor=owner, team=team, name="ds", task_kind="text_classification")
-        return make_version(dataset, owner)
-
-    v = version()
-    job = training_job_submit(actor=owner, team=team, dataset_version=v)
-    base = BaseModel.objects.create(
-        team=team, name="base", backend="paddle", architecture="ernie", storage_prefix="x/"
-    )
-    model_version = ModelVersion.objects.create(
-        team=team,
-        name="ds",
-        number=1,
-        job=job,
-        dataset_version=v,
-        task_kind="text_classification",
-        backend="paddle",
-        runtime="paddle_inference",
-        storage_prefix="y/",
-    )
-    upload = upload_create(actor=owner, team=team, filename="x.csv", size=10)
-    from deployment.models import Endpoint, EndpointKey, Revision
-
-    endpoint = Endpoint.objects.create(
-        team=team, name=f"ep-{team.slug}", task_kind="text_classification"
-    )
-    revision = Revision.objects.create(endpoint=endpoint, number=1, model_version=model_version)
-    endpoint_key = EndpointKey.objects.create(
-        endpoint=endpoint, name="k", prefix="mpe_x", key_hash=f"hash-{team.slug}"
-    )
-    return {
-        "team": lambda: team.slug,
-        "membership_id": lambda: Membership.objects.filter(team=team).first().pk,
-        "token_id": lambda: services.api_token_create(actor=owner, name="t")[0].pk,
-        "dataset_id": lambda: v.dataset_id,
-        "number": lambda: v.number,
-        "job_id": lambda: v.lineage["import_job"],
-        "upload_id": lambda: upload.pk,
-        "kind": lambda: "original",
-        "user_id": lambda: owner.pk,
-        "project_id": lambda: labeling_project_create(actor=owner, version=v, name="p").pk,
-        "training_job_id": lambda: job.pk,
-        "base_model_id": lambda: base.pk,
-        "model_version_id": lambda: model_version.pk,
-        "endpoint_id": lambda: endpoint.pk,
-        "revision_id": lambda: revision.pk,
-        "endpoint_key_id": lambda: endpoint_key.pk,
-    }
 
 
 @pytest.fixture
@@ -160,11 +74,16 @@ def test_every_route_requires_login(client, world, route):
             assert response["Location"].startswith(reverse("console:login")), (method, url)
 
 
+def log_in_member(client, make_user, team, username: str, role: Role) -> None:
+    """A new user, ``role`` in ``team``, logged in on ``client``."""
+    user = make_user(username)
+    Membership.objects.create(team=team, user=user, role=role)
+    client.force_login(user)
+
+
 @pytest.mark.parametrize("route", TEAM_ROUTES, ids=str)
 def test_another_teams_routes_are_404(client, make_user, world, route):
-    outsider = make_user("outsider")
-    Membership.objects.create(team=world.mine, user=outsider, role=Role.OWNER)
-    client.force_login(outsider)
+    log_in_member(client, make_user, world.mine, "outsider", Role.OWNER)
     url = url_for(route, world, world.other)
     for method in ("get", *WRITE_METHODS):
         response = getattr(client, method)(url)
@@ -189,9 +108,7 @@ def test_another_teams_objects_are_404_in_my_team(client, world, route):
 
 @pytest.mark.parametrize("route", TEAM_ROUTES, ids=str)
 def test_viewers_cannot_write(client, make_user, world, route):
-    viewer = make_user("viewer")
-    Membership.objects.create(team=world.mine, user=viewer, role=Role.VIEWER)
-    client.force_login(viewer)
+    log_in_member(client, make_user, world.mine, "viewer", Role.VIEWER)
     url = url_for(route, world, world.mine)
     before = list(Membership.objects.order_by("pk").values_list("pk", "role"))
     for method in WRITE_METHODS:

@@ -5,12 +5,11 @@ import tempfile
 
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.api import TeamAPIView, created, service_call, validated
+from console.api import Op, TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
@@ -30,6 +29,16 @@ from training.serializers import (
     ModelVersionSerializer,
     PresetSerializer,
 )
+
+
+def model_archive_response(version) -> FileResponse:
+    """The version as one .tar.gz (spooled to disk: models are large)."""
+    out = tempfile.TemporaryFile()
+    registry.model_version_archive(version, out)
+    out.seek(0)
+    return FileResponse(
+        out, as_attachment=True, filename=f"{version.name}-v{version.number}.tar.gz"
+    )
 
 
 class TrainingAPIView(TeamAPIView):
@@ -52,51 +61,30 @@ class BaseModelListCreate(PaginatedList, TrainingAPIView):
     write_permission = Perm.MODEL_IMPORT
     parser_classes = [JSONParser, MultiPartParser, FormParser]
 
-    @extend_schema(responses=BaseModelSerializer(many=True))
-    def get(self, request: Request, team: str) -> Response:
-        models = selectors.team_base_models(request.team)
-        return self.paginated(request, models, BaseModelSerializer)
-
-    @extend_schema(request=BaseModelImportSerializer, responses={201: BaseModelSerializer})
-    def post(self, request: Request, team: str) -> Response:
-        data = validated(BaseModelImportSerializer, request)
-        model = service_call(
-            base_models.base_model_import,
-            actor=request.user,
-            team=request.team,
-            **data,
-        )
-        return created(BaseModelSerializer, model)
+    get = Op.list(selectors.team_base_models, BaseModelSerializer)
+    post = Op.create(
+        base_models.base_model_import, body=BaseModelImportSerializer, answer=BaseModelSerializer
+    )
 
 
 class BaseModelDetail(TrainingAPIView):
     write_permission = Perm.MODEL_IMPORT
 
-    @extend_schema(responses=BaseModelSerializer)
-    def get(self, request: Request, team: str, base_model_id: int) -> Response:
-        model = selectors.base_model_get(request.team, base_model_id)
-        return Response(BaseModelSerializer(model).data)
-
-    @extend_schema(request=BaseModelShareSerializer, responses=BaseModelSerializer)
-    def patch(self, request: Request, team: str, base_model_id: int) -> Response:
-        """Site staff: share the model with every team of the site, or take it back."""
-        model = selectors.base_model_get(request.team, base_model_id)
-        data = validated(BaseModelShareSerializer, request)
-        model = service_call(
-            base_models.base_model_set_shared,
-            actor=request.user,
-            team=request.team,
-            model=model,
-            shared=data["shared"],
-        )
-        return Response(BaseModelSerializer(model).data)
+    get = Op.retrieve(selectors.base_model_get, BaseModelSerializer)
+    patch = Op.update(
+        base_models.base_model_set_shared,
+        with_team=True,
+        model=selectors.base_model_get,
+        body=BaseModelShareSerializer,
+        answer=BaseModelSerializer,
+        doc="Site staff: share the model with every team of the site, or take it back.",
+    )
 
 
 class JobListCreate(PaginatedList, TrainingAPIView):
-    @extend_schema(responses=JobSerializer(many=True))
-    def get(self, request: Request, team: str) -> Response:
-        return self.paginated(request, selectors.team_jobs(request.team), JobSerializer)
+    get = Op.list(selectors.team_jobs, JobSerializer)
 
+    # Written out: the body names a dataset version, found in the team first.
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def post(self, request: Request, team: str) -> Response:
         data = validated(JobSubmitSerializer, request)
@@ -113,9 +101,7 @@ class JobListCreate(PaginatedList, TrainingAPIView):
 
 
 class JobDetail(TrainingAPIView):
-    @extend_schema(responses=JobSerializer)
-    def get(self, request: Request, team: str, training_job_id: int) -> Response:
-        return Response(JobSerializer(self.job()).data)
+    get = Op.retrieve(selectors.job_get, JobSerializer)
 
 
 class JobEvents(TrainingAPIView):
@@ -134,17 +120,13 @@ class JobEvents(TrainingAPIView):
 
 
 class JobCancel(TrainingAPIView):
-    @extend_schema(request=None, responses=JobSerializer)
-    def post(self, request: Request, team: str, training_job_id: int) -> Response:
-        job = service_call(jobs.training_job_cancel, actor=request.user, job=self.job())
-        return Response(JobSerializer(job).data)
+    post = Op.action(jobs.training_job_cancel, job=selectors.job_get, answer=JobSerializer)
 
 
 class JobRetry(TrainingAPIView):
-    @extend_schema(request=None, responses={201: JobSerializer})
-    def post(self, request: Request, team: str, training_job_id: int) -> Response:
-        job = service_call(jobs.training_job_retry, actor=request.user, job=self.job())
-        return created(JobSerializer, job)
+    post = Op.action(
+        jobs.training_job_retry, job=selectors.job_get, answer=JobSerializer, status_code=201
+    )
 
 
 class JobClone(TrainingAPIView):
@@ -163,35 +145,18 @@ class JobClone(TrainingAPIView):
 class ModelVersionList(PaginatedList, TrainingAPIView):
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(responses=ModelVersionSerializer(many=True))
-    def get(self, request: Request, team: str) -> Response:
-        versions = selectors.team_model_versions(request.team)
-        return self.paginated(request, versions, ModelVersionSerializer)
-
-    @extend_schema(request=ModelImportSerializer, responses={201: ModelVersionSerializer})
-    def post(self, request: Request, team: str) -> Response:
-        """Import a model version from another site's archive (its download)."""
-        data = validated(ModelImportSerializer, request)
-        version = service_call(
-            registry.model_version_import,
-            actor=request.user,
-            team=request.team,
-            archive=data["archive"],
-        )
-        return created(ModelVersionSerializer, version)
+    get = Op.list(selectors.team_model_versions, ModelVersionSerializer)
+    post = Op.create(
+        registry.model_version_import,
+        body=ModelImportSerializer,
+        answer=ModelVersionSerializer,
+        doc="Import a model version from another site's archive (its download).",
+    )
 
 
 class ModelVersionDetail(TrainingAPIView):
-    @extend_schema(responses=ModelVersionDetailSerializer)
-    def get(self, request: Request, team: str, model_version_id: int) -> Response:
-        version = selectors.model_version_get(request.team, model_version_id)
-        return Response(ModelVersionDetailSerializer(version).data)
-
-    @extend_schema(responses={204: None})
-    def delete(self, request: Request, team: str, model_version_id: int) -> Response:
-        version = selectors.model_version_get(request.team, model_version_id)
-        service_call(registry.model_version_delete, actor=request.user, version=version)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    get = Op.retrieve(selectors.model_version_get, ModelVersionDetailSerializer)
+    delete = Op.delete(registry.model_version_delete, version=selectors.model_version_get)
 
 
 class ModelVersionBaseModel(TrainingAPIView):
@@ -199,17 +164,13 @@ class ModelVersionBaseModel(TrainingAPIView):
 
     write_permission = Perm.MODEL_IMPORT
 
-    @extend_schema(request=BaseModelFromVersionSerializer, responses={201: BaseModelSerializer})
-    def post(self, request: Request, team: str, model_version_id: int) -> Response:
-        version = selectors.model_version_get(request.team, model_version_id)
-        data = validated(BaseModelFromVersionSerializer, request)
-        model = service_call(
-            base_models.base_model_from_version,
-            actor=request.user,
-            version=version,
-            name=data["name"],
-        )
-        return created(BaseModelSerializer, model)
+    post = Op.action(
+        base_models.base_model_from_version,
+        version=selectors.model_version_get,
+        body=BaseModelFromVersionSerializer,
+        answer=BaseModelSerializer,
+        status_code=201,
+    )
 
 
 class ModelVersionDownload(TrainingAPIView):
@@ -217,13 +178,3 @@ class ModelVersionDownload(TrainingAPIView):
     def get(self, request: Request, team: str, model_version_id: int) -> FileResponse:
         version = selectors.model_version_get(request.team, model_version_id)
         return model_archive_response(version)
-
-
-def model_archive_response(version) -> FileResponse:
-    """The version as one .tar.gz (spooled to disk: models are large)."""
-    out = tempfile.TemporaryFile()
-    registry.model_version_archive(version, out)
-    out.seek(0)
-    return FileResponse(
-        out, as_attachment=True, filename=f"{version.name}-v{version.number}.tar.gz"
-    )

@@ -43,6 +43,12 @@ class BaseModel(Created):
     def size_bytes(self) -> int:
         return sum(f["size"] for f in self.manifest.get("files", {}).values())
 
+    @property
+    def owner(self) -> str:
+        """Whose it is: "team" (its team's own) or "site" (shared with every team by site
+        staff); a job by name takes the team's own first."""
+        return "site" if self.team_id is None else "team"
+
 
 class TrainingJob(Created):
     class Status(models.TextChoices):

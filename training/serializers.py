@@ -6,9 +6,7 @@ from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
 
 class BaseModelSerializer(serializers.ModelSerializer):
     shared = serializers.SerializerMethodField()
-    # Whose it is: "team" (this team's own) or "site" (shared with every team by site staff);
-    # a job by name takes the team's own first.
-    owner = serializers.SerializerMethodField()
+    owner = serializers.CharField(read_only=True)  # BaseModel.owner: "team" or "site"
     size_bytes = serializers.IntegerField(read_only=True)
 
     class Meta:
@@ -29,9 +27,6 @@ class BaseModelSerializer(serializers.ModelSerializer):
 
     def get_shared(self, model: BaseModel) -> bool:
         return model.team_id is None
-
-    def get_owner(self, model: BaseModel) -> str:
-        return "site" if model.team_id is None else "team"
 
 
 class BaseModelImportSerializer(serializers.Serializer):
@@ -58,7 +53,9 @@ class JobSerializer(serializers.ModelSerializer):
         source="base_model.name", read_only=True, default=None, allow_null=True
     )
     # "team" or "site": which base model of that name the job took (the team's own wins).
-    base_model_owner = serializers.SerializerMethodField()
+    base_model_owner = serializers.CharField(
+        source="base_model.owner", read_only=True, default=None, allow_null=True
+    )
     model_version = serializers.SerializerMethodField()
     progress_percent = serializers.IntegerField(read_only=True)
 
@@ -101,11 +98,6 @@ class JobSerializer(serializers.ModelSerializer):
             "finished_at",
             "model_version",
         ]
-
-    def get_base_model_owner(self, job: TrainingJob) -> str | None:
-        if not job.base_model_id:
-            return None
-        return "site" if job.base_model.team_id is None else "team"
 
     def get_model_version(self, job: TrainingJob) -> int | None:
         version = getattr(job, "model_version", None)

@@ -11,8 +11,9 @@ from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
+from console.forms import error_text
 from console.hardware import profiles
-from console.pagination import paginate
+from console.pagination import paginate, render_page
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 from runtime.estimate import estimates
@@ -24,12 +25,6 @@ from training.forms import BaseModelImportForm, JobForm, ModelImportForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import TrainingJob
 from training.registry import model_version_delete, model_version_import
-
-
-def _error_text(exc: ValidationError | PermissionDenied) -> str:
-    if isinstance(exc, PermissionDenied):
-        return str(exc)
-    return " ".join(exc.messages)
 
 
 def _can(request: HttpRequest, perm: Perm) -> bool:
@@ -46,11 +41,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
     jobs = selectors.team_jobs(request.team)
     if request.GET.get("version", "").isdigit():  # the jobs that trained on a dataset version
         jobs = jobs.filter(dataset_version_id=int(request.GET["version"]))
-    page, query = paginate(request, jobs)
-    return render(
-        request,
-        "training/jobs.html",
-        {"page": page, "query": query, "can_write": _can(request, Perm.TRAINING_WRITE)},
+    return render_page(
+        request, "training/jobs.html", jobs, {"can_write": _can(request, Perm.TRAINING_WRITE)}
     )
 
 
@@ -71,7 +63,7 @@ def _job_form_page(
                 actor=request.user, team=request.team, origin=origin, **form.job_fields()
             )
         except (ValidationError, PermissionDenied) as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
     return render(request, "training/job_new.html", {"form": form, "origin": origin})
@@ -107,7 +99,7 @@ def _job_action(
     try:
         result = action(actor=request.user, job=job, **kwargs)
     except (ValidationError, PermissionDenied) as exc:
-        messages.error(request, _error_text(exc))
+        messages.error(request, error_text(exc))
         return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
     messages.success(request, done)
     return redirect("training:job", team=request.team.slug, training_job_id=result.pk)
@@ -163,19 +155,14 @@ def models(request: HttpRequest) -> HttpResponse:
                 actor=request.user, team=request.team, archive=form.cleaned_data["archive"]
             )
         except ValidationError as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             return redirect("training:model", team=request.team.slug, model_version_id=version.pk)
-    page, query = paginate(request, versions)
-    return render(
+    return render_page(
         request,
         "training/models.html",
-        {
-            "page": page,
-            "query": query,
-            "form": form,
-            "can_write": _can(request, Perm.TRAINING_WRITE),
-        },
+        versions,
+        {"form": form, "can_write": _can(request, Perm.TRAINING_WRITE)},
     )
 
 
@@ -227,7 +214,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
         try:
             model_version_delete(actor=request.user, version=version)
         except ValidationError as exc:
-            messages.error(request, _error_text(exc))
+            messages.error(request, error_text(exc))
         else:
             messages.success(request, _("The model version is deleted."))
             return redirect("training:models", team=request.team.slug)
@@ -239,7 +226,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
                 actor=request.user, version=version, name=request.POST.get("name", "")
             )
         except ValidationError as exc:
-            messages.error(request, _error_text(exc))
+            messages.error(request, error_text(exc))
         else:
             messages.success(request, _("%(name)s is a base model now.") % {"name": model.name})
             return redirect("training:base_models", team=request.team.slug)
@@ -308,7 +295,7 @@ def base_models(request: HttpRequest) -> HttpResponse:
                 shared=data.get("shared", False),
             )
         except (ValidationError, PermissionDenied) as exc:
-            form.add_error(None, _error_text(exc))
+            form.add_error(None, error_text(exc))
         else:
             messages.success(request, _("Imported %(name)s.") % {"name": model.name})
             return redirect("training:base_models", team=request.team.slug)

@@ -245,13 +245,20 @@ HOTKEYS = "1234567890qwertyuiopasdfghjklzxcvbnm"
 COLOURS = ("#1456f0", "#d83931", "#2ea121", "#de7802", "#7f3bf5", "#0fa3a3", "#c2185b", "#5d4037")
 
 
-def choices_config(labels: list[str], name: str, to: str, choice: str) -> str:
-    options = "".join(
-        f'<Choice value="{escape(label)}"'
+def label_tags(tag: str, labels: list[str], *, coloured: bool = False) -> str:
+    """One ``<tag value="label"/>`` a label, in order, the first ones with a hotkey (and, for
+    spans, a colour each)."""
+    return "".join(
+        f'<{tag} value="{escape(label)}"'
+        + (f' background="{COLOURS[i % len(COLOURS)]}"' if coloured else "")
         + (f' hotkey="{HOTKEYS[i]}"' if i < len(HOTKEYS) else "")
         + "/>"
         for i, label in enumerate(labels)
     )
+
+
+def choices_config(labels: list[str], name: str, to: str, choice: str) -> str:
+    options = label_tags("Choice", labels)
     return (
         f'<Choices name="{name}" toName="{to}" choice="{choice}" showInLine="true" '
         f'required="false">{options}</Choices>'

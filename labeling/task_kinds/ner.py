@@ -8,13 +8,11 @@ from django.utils.translation import gettext_lazy as _
 
 from labeling.normalize import Normalizer
 from labeling.task_kinds.base import (
-    COLOURS,
-    HOTKEYS,
     Field,
     Kind,
     RowError,
     clean_label,
-    escape,
+    label_tags,
     parse_json,
 )
 from runtime.kinds import TaskKind
@@ -99,12 +97,7 @@ class Ner(Kind):
         return {"text": text, "entities": moved}
 
     def label_config(self, labels: list[str]) -> str:
-        spans = "".join(
-            f'<Label value="{escape(label)}" background="{COLOURS[i % len(COLOURS)]}"'
-            + (f' hotkey="{HOTKEYS[i]}"' if i < len(HOTKEYS) else "")
-            + "/>"
-            for i, label in enumerate(labels)
-        )
+        spans = label_tags("Label", labels, coloured=True)
         # Character granularity: Chinese has no spaces for word boundaries.
         return (
             '<View><Header value="请选中文本中的实体并标注类型"/>'

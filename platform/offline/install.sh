@@ -141,17 +141,21 @@ pip_install() { # pip_install VENV ARGS...: from the wheelhouse only
   "$venv/bin/python" -m pip install --quiet --no-index "$@"
 }
 
-make_venv() { # make_venv DIR: a venv with the bundle's pip
+make_venv() { # make_venv DIR WHEELHOUSE: a venv with the bundle's pip and the wheelhouse's pins
   if [ ! -x "$1/bin/python" ]; then
     "$PYTHON" -m venv "$1"
   fi
   pip_install "$1" --find-links "$wheelhouse/platform" --upgrade pip
+  pip_install "$1" --find-links "$wheelhouse/$2" -r "$wheelhouse/$2/requirements.txt"
+}
+
+runtime_dist() { # runtime_dist VENV: runtime/ and serving/ with the backends' entry points
+  pip_install "$1" --find-links "$wheelhouse/platform" --no-deps -e "$root/platform/runtime-dist"
 }
 
 # 3. The venvs of the Makefile, with the pins of their wheelhouses.
 echo "==> .venv: the console, workers and Label Studio client"
-make_venv "$root/.venv"
-pip_install "$root/.venv" --find-links "$wheelhouse/platform" -r "$wheelhouse/platform/requirements.txt"
+make_venv "$root/.venv" platform
 # The project itself, editable as `make install` does: the code runs from $root, where
 # settings find var/, locale/ and the runtime venv. A test bundle holds part of the
 # dependencies only.
@@ -159,26 +163,20 @@ nodeps=()
 if [ "$subset" = 1 ]; then nodeps=(--no-deps); fi
 pip_install "$root/.venv" --find-links "$wheelhouse/platform" \
   ${nodeps[@]+"${nodeps[@]}"} -e "$root"
-pip_install "$root/.venv" --find-links "$wheelhouse/platform" --no-deps \
-  -e "$root/platform/runtime-dist"
+runtime_dist "$root/.venv"
 touch "$root/.venv/.installed"
 
 if [[ "$venvs" == *" runtime "* ]]; then
   echo "==> .venv-runtime: the job runner and serving host (Paddle, torch)"
-  make_venv "$root/.venv-runtime"
-  pip_install "$root/.venv-runtime" --find-links "$wheelhouse/runtime" \
-    -r "$wheelhouse/runtime/requirements.txt"
-  # runtime/ and serving/ only, with the backends' entry points (as make runtime): no Django.
-  pip_install "$root/.venv-runtime" --find-links "$wheelhouse/platform" --no-deps \
-    -e "$root/platform/runtime-dist"
+  make_venv "$root/.venv-runtime" runtime
+  # runtime/ and serving/ only (as make runtime): no Django.
+  runtime_dist "$root/.venv-runtime"
   touch "$root/.venv-runtime/.installed"
 fi
 
 if [[ "$venvs" == *" labelstudio "* ]]; then
   echo "==> .venv-labelstudio: the Label Studio server"
-  make_venv "$root/.venv-labelstudio"
-  pip_install "$root/.venv-labelstudio" --find-links "$wheelhouse/labelstudio" \
-    -r "$wheelhouse/labelstudio/requirements.txt"
+  make_venv "$root/.venv-labelstudio" labelstudio
   touch "$root/.venv-labelstudio/.installed"
 fi
 

@@ -11,9 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from runtime.kinds import GENERATIVE_KINDS
 from runtime.spec import JobSpec
+
+if TYPE_CHECKING:  # both import Emit from here
+    from runtime.llm import LLMOps
+    from runtime.loop import ModelOps
 
 ENTRY_POINT_GROUP = "model_platform.backends"
 
@@ -50,6 +55,41 @@ class Backend(ABC):
         from runtime.inference import Predictor
 
         return Predictor.load(export_dir, device=device)
+
+
+class LoopBackend(Backend):
+    """A backend over the platform's own training loops: ``runtime.loop`` trains the
+    classifiers, ``runtime.llm`` the generative kinds (and exports them); the framework gives
+    the ops each loop drives and the classifiers' export."""
+
+    @abstractmethod
+    def model_ops(self) -> "ModelOps":
+        """The ops ``runtime.loop`` trains a classifier with."""
+
+    @abstractmethod
+    def llm_ops(self) -> "LLMOps":
+        """The ops ``runtime.llm`` trains (and exports) a generative model with."""
+
+    @abstractmethod
+    def export_classifier(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
+        """``export`` for a classifier."""
+
+    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any]:
+        if spec.task_kind in GENERATIVE_KINDS:
+            from runtime import llm
+
+            self.llm = self.llm_ops()  # export writes out the model this trained
+            return llm.fit(spec, workdir, emit, self.llm)
+        from runtime.loop import fit
+
+        return fit(spec, workdir, emit, self.model_ops())
+
+    def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
+        if spec.task_kind in GENERATIVE_KINDS:
+            from runtime import llm
+
+            return llm.export(spec, workdir, out_dir, self.llm)
+        return self.export_classifier(spec, workdir, out_dir)
 
 
 def available() -> dict[str, Any]:

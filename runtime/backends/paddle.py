@@ -8,17 +8,19 @@
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.backends import Backend, Emit
+from runtime.backends import LoopBackend
 from runtime.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
-from runtime.kinds import GENERATIVE_KINDS
-from runtime.loop import BEST, VOCAB, fit
+from runtime.loop import BEST, VOCAB
 from runtime.presets import PRESETS
 from runtime.spec import JobSpec
 from runtime.weights import refuse_pickles
+
+if TYPE_CHECKING:  # imported in llm_ops: it imports this module
+    from runtime.backends.paddle_llm import PaddleLLMOps
 
 WEIGHTS = "model.safetensors"  # PaddleNLP's safetensors name (save_pretrained, from_pretrained)
 OPTIMIZER = "optimizer"  # optimizer.safetensors + optimizer.json (runtime.weights.save_state)
@@ -191,25 +193,20 @@ class PaddleOps:
             self.optimizer.set_state_dict(load_paddle_state(directory))
 
 
-class PaddleBackend(Backend):
+class PaddleBackend(LoopBackend):
     name = "paddle"
     runtime = "paddle_inference"
     generative_runtime = "paddle_generate"
 
-    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any]:
-        if spec.task_kind in GENERATIVE_KINDS:
-            from runtime import llm
-            from runtime.backends.paddle_llm import PaddleLLMOps
+    def model_ops(self) -> PaddleOps:
+        return PaddleOps()
 
-            self.llm = PaddleLLMOps()
-            return llm.fit(spec, workdir, emit, self.llm)
-        return fit(spec, workdir, emit, PaddleOps())
+    def llm_ops(self) -> "PaddleLLMOps":
+        from runtime.backends.paddle_llm import PaddleLLMOps
 
-    def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
-        if spec.task_kind in GENERATIVE_KINDS:
-            from runtime import llm
+        return PaddleLLMOps()
 
-            return llm.export(spec, workdir, out_dir, self.llm)
+    def export_classifier(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
         import paddle
         from paddle.static import InputSpec
         from paddlenlp.transformers import (

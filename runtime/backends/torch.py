@@ -17,17 +17,19 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.backends import Backend, Emit
+from runtime.backends import LoopBackend
 from runtime.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
-from runtime.kinds import GENERATIVE_KINDS
-from runtime.loop import BEST, VOCAB, fit
+from runtime.loop import BEST, VOCAB
 from runtime.presets import PRESETS
 from runtime.spec import JobSpec
 from runtime.weights import refuse_pickles
+
+if TYPE_CHECKING:  # imported in llm_ops: it imports this module
+    from runtime.backends.torch_llm import TorchLLMOps
 
 # Training nodes are offline: a missing file must fail, not start a download from the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -289,25 +291,20 @@ def logits_module(model: Any) -> Any:
     return LogitsOnly().eval()
 
 
-class TorchBackend(Backend):
+class TorchBackend(LoopBackend):
     name = "torch"
     runtime = "onnxruntime"
     generative_runtime = "torch_generate"
 
-    def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any]:
-        if spec.task_kind in GENERATIVE_KINDS:
-            from runtime import llm
-            from runtime.backends.torch_llm import TorchLLMOps
+    def model_ops(self) -> TorchOps:
+        return TorchOps()
 
-            self.llm = TorchLLMOps()
-            return llm.fit(spec, workdir, emit, self.llm)
-        return fit(spec, workdir, emit, TorchOps())
+    def llm_ops(self) -> "TorchLLMOps":
+        from runtime.backends.torch_llm import TorchLLMOps
 
-    def export(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
-        if spec.task_kind in GENERATIVE_KINDS:
-            from runtime import llm
+        return TorchLLMOps()
 
-            return llm.export(spec, workdir, out_dir, self.llm)
+    def export_classifier(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
         import torch
 
         head = LabelSpace(spec.task_kind, tuple(spec.labels)).head

@@ -106,20 +106,6 @@ def llm_exports(tmp_path_factory):
     return get
 
 
-def bare_generate(export: Path, conversations: list[list[dict]], **params) -> list[str]:
-    """The in-process engine's completions of a batch (in the runtime venv)."""
-    code = (
-        "import json,sys\n"
-        "from pathlib import Path\n"
-        "from runtime.generation import Generator, GenerationRequest\n"
-        "g = Generator(Path(sys.argv[1]))\n"
-        "args = json.loads(sys.stdin.read())\n"
-        "reqs = [GenerationRequest(g.chat_prompt(c), **args['params']) for c in args['convs']]\n"
-        "print(json.dumps(g.generate(reqs), ensure_ascii=False))\n"
-    )
-    return in_runtime(code, export, {"convs": conversations, "params": params})
-
-
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
     """Exports by (kind, seed, backend), trained on first use."""
@@ -132,32 +118,6 @@ def exports(tmp_path_factory):
         return cache[(kind, seed, backend)]
 
     return get
-
-
-def bare_predict(export: Path, items: list) -> list[dict]:
-    """The in-process predictor's answers (in the runtime venv, where Paddle is)."""
-    code = (
-        "import json,sys\n"
-        "from runtime.inference import Predictor\n"
-        "p = Predictor.load(sys.argv[1])\n"
-        "print(json.dumps(p.predict(json.loads(sys.stdin.read())), ensure_ascii=False))\n"
-    )
-    return in_runtime(code, export, items)
-
-
-def in_runtime(code: str, export: Path, payload) -> list:
-    """What ``code`` prints last as JSON, run in the runtime venv on ``export`` (its argv[1])
-    with ``payload`` as JSON on its stdin."""
-    proc = subprocess.run(
-        [settings.TRAINING_PYTHON, "-c", code, str(export)],
-        input=json.dumps(payload, ensure_ascii=False),
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -280,8 +240,12 @@ class ServingHostProcess:
             assert time.monotonic() < deadline, f"{key} is not ready: {rev}"
             time.sleep(0.2)
 
-    def predict(self, name: str, body, key: str | None = None, **kwargs) -> requests.Response:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+    def predict(
+        self, name: str, body, key: str | None = None, headers: dict | None = None, **kwargs
+    ) -> requests.Response:
+        """Call endpoint ``name`` with ``key`` (or with ``headers``, as they are)."""
+        if headers is None:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
         return requests.post(
             f"{self.url}/v1/endpoints/{name}:predict",
             json=body,

@@ -12,7 +12,7 @@ from deployment import selectors
 from deployment.hosts import endpoint_predict
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.metrics import metrics_collect, metrics_prune
-from deployment.models import MetricSample, Placement, Revision, ServingHost
+from deployment.models import MetricSample, Placement, ServingHost
 from deployment.reconcile import endpoints_reconcile
 from deployment.rollout import (
     endpoint_delete,
@@ -21,22 +21,8 @@ from deployment.rollout import (
     revision_add,
     revision_promote,
 )
+from tests.helpers import converge
 from training.registry import model_version_delete
-
-
-def converge(host, endpoint, timeout: float = 90) -> None:
-    """Run the reconciler until every active revision of ``endpoint`` is ready on the host."""
-    deadline = time.monotonic() + timeout
-    while True:
-        endpoints_reconcile()
-        active = endpoint.revisions.filter(status=Revision.Status.ACTIVE)
-        states = [p.state for p in Placement.objects.filter(revision__in=active)]
-        if len(states) == active.count() and set(states) == {"ready"}:
-            endpoints_reconcile()  # routes, and unloads what was replaced
-            return
-        assert "failed" not in states, list(Placement.objects.values("state", "error"))
-        assert time.monotonic() < deadline, states
-        time.sleep(0.3)
 
 
 def revisions_seen(host, name: str, key: str, n: int = 40) -> Counter:

@@ -9,8 +9,7 @@ import socket
 import openai
 import pytest
 
-from tests.deployment.test_generation import client, conversation
-from tests.deployment.test_server import load, route
+from tests.helpers import conversation, load, openai_client, route
 
 
 def test_an_engine_revision_serves_through_the_engines_own_server(fresh_host, llm_exports):
@@ -21,7 +20,7 @@ def test_an_engine_revision_serves_through_the_engines_own_server(fresh_host, ll
     assert rev["state"] == "ready", rev["error"]
     assert rev["engine"] == "fake"
     route(fresh_host, "helper", {"rev-engine": 100})
-    api = client(fresh_host)
+    api = openai_client(fresh_host)
     answer = api.chat.completions.create(model="helper", messages=conversation("你好"))
     assert answer.choices[0].message.content == "引擎答：你好"
     assert answer.model == "helper"  # the endpoint's name, not the engine's
@@ -31,7 +30,7 @@ def test_an_engine_revision_serves_through_the_engines_own_server(fresh_host, ll
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "引擎答：早"
     assert {c.model for c in chunks} == {"helper"}
     with pytest.raises(openai.AuthenticationError):
-        client(fresh_host, "mpe_wrong").chat.completions.create(
+        openai_client(fresh_host, "mpe_wrong").chat.completions.create(
             model="helper", messages=conversation("你好")
         )
     metrics = fresh_host.manage("GET", "/manage/metrics").json()["endpoints"]["helper"]

@@ -4,23 +4,15 @@ errors; answers equal the in-process engine's."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import openai
 import pytest
 import requests
 
-from tests.deployment.fixtures import bare_generate
-from tests.deployment.test_server import KEY, load, route
+from tests.helpers import KEY, bare_generate, converge, conversation, load, openai_client, route
 
 QUESTIONS = [f"{a}加{b}等于几？" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4))]
-
-
-def client(host, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{host.url}/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def conversation(question: str) -> list[dict]:
-    return [{"role": "user", "content": question}]
 
 
 @pytest.fixture
@@ -38,7 +30,7 @@ def chat_host(fresh_host, llm_exports):
 @pytest.mark.parametrize("backend", ["paddle", "torch"])
 def test_chat_completions_stream_and_not_equal_the_engine(chat_host, fresh_host, backend):
     export = chat_host(backend)
-    api = client(fresh_host)
+    api = openai_client(fresh_host)
     question = conversation(QUESTIONS[1])
     answer = api.chat.completions.create(
         model="assistant", messages=question, max_tokens=16, temperature=0
@@ -72,7 +64,7 @@ def test_chat_completions_stream_and_not_equal_the_engine(chat_host, fresh_host,
 
 def test_concurrent_requests_are_batched_and_each_stops_on_its_own(chat_host, fresh_host):
     export = chat_host(max_batch_size=8, max_wait_ms=50)
-    api = client(fresh_host)
+    api = openai_client(fresh_host)
 
     def ask(question: str) -> str:
         r = api.chat.completions.create(
@@ -91,21 +83,14 @@ def test_concurrent_requests_are_batched_and_each_stops_on_its_own(chat_host, fr
 
     # One request of a batch stops at its stop string, one at its token limit.
     with ThreadPoolExecutor(2) as pool:
-        stopped = pool.submit(
+        ask = partial(
             api.chat.completions.create,
             model="assistant",
             messages=conversation(QUESTIONS[1]),
-            max_tokens=12,
-            temperature=0,
-            stop=["等于"],
-        )
-        limited = pool.submit(
-            api.chat.completions.create,
-            model="assistant",
-            messages=conversation(QUESTIONS[1]),
-            max_tokens=2,
             temperature=0,
         )
+        stopped = pool.submit(ask, max_tokens=12, stop=["等于"])
+        limited = pool.submit(ask, max_tokens=2)
     first = stopped.result().choices[0]
     assert "等于" not in first.message.content and first.finish_reason == "stop"
     assert expected[1].startswith(first.message.content)
@@ -115,7 +100,7 @@ def test_concurrent_requests_are_batched_and_each_stops_on_its_own(chat_host, fr
 
 def test_completions_and_sampling(chat_host, fresh_host):
     chat_host()
-    api = client(fresh_host)
+    api = openai_client(fresh_host)
     done = api.completions.create(
         model="assistant", prompt="<|im_start|>user\n3加4等于几？", max_tokens=8, temperature=0
     )
@@ -138,9 +123,9 @@ def test_completions_and_sampling(chat_host, fresh_host):
 
 def test_bad_requests_get_openai_errors(chat_host, fresh_host, exports):
     chat_host()
-    api = client(fresh_host)
+    api = openai_client(fresh_host)
     with pytest.raises(openai.AuthenticationError):
-        client(fresh_host, "mpe_wrong").chat.completions.create(
+        openai_client(fresh_host, "mpe_wrong").chat.completions.create(
             model="assistant", messages=conversation("你好")
         )
     # An unknown endpoint is answered as a wrong key: names cannot be enumerated.
@@ -198,7 +183,6 @@ def test_a_deployed_chat_model_answers_its_keys_and_the_playground(
     from deployment.keys import endpoint_key_create
     from deployment.metrics import metrics_collect
     from deployment.rollout import endpoint_deploy
-    from tests.deployment.test_endpoints import converge
 
     version = model_version("instruction", name="helper")
     endpoint = endpoint_deploy(actor=owner, team=team, model_version=version)

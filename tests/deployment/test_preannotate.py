@@ -10,10 +10,14 @@ from deployment.rollout import endpoint_deploy
 from labeling import label_studio
 from labeling.datasets import dataset_create
 from labeling.models import Annotation
-from labeling.projects import labeling_project_create, labeling_project_push
-from tests.deployment.test_endpoints import converge
-from tests.helpers import make_version, reviews_dataset
-from tests.labeling.test_label_studio import needs_label_studio
+from labeling.projects import labeling_project_create
+from tests.helpers import (
+    converge,
+    make_version,
+    needs_label_studio,
+    push_project,
+    reviews_dataset,
+)
 
 pytestmark = needs_label_studio
 
@@ -31,8 +35,7 @@ def test_unlabeled_tasks_get_the_endpoints_predictions(
 ):
     dataset = reviews_dataset(team, owner, "评论")
     version = make_version(dataset, owner, ROWS)
-    project = labeling_project_create(actor=owner, version=version, name="第二轮")
-    project = labeling_project_push(project.pk)
+    project = push_project(owner, version, "第二轮")
     # Row 3 was labeled meanwhile: it keeps its annotation and gets no prediction.
     task3 = project.tasks.get(row=3)
     Annotation.objects.create(
@@ -94,10 +97,7 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
         },
     ]
     version = make_jsonl_version(dataset, owner, rows, {"messages": "messages"})
-    project = labeling_project_create(
-        actor=owner, version=version, name="写回答", selection="unlabeled"
-    )
-    project = labeling_project_push(project.pk)
+    project = push_project(owner, version, "写回答", selection="unlabeled")
     assert project.tasks.count() == 2
 
     endpoint = endpoint_deploy(

@@ -7,27 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.deployment.fixtures import bare_predict
+from tests.helpers import KEY, KEY_HASH, bare_predict, load, route
 
-KEY = "mpe_test-key-0123456789"
-KEY_HASH = hashlib.sha256(KEY.encode()).hexdigest()
+
+def keys_with(key: str, rate_per_s: float) -> dict:
+    """The keys of an endpoint: KEY, unlimited, and ``key`` limited to ``rate_per_s``."""
+    limited = hashlib.sha256(key.encode()).hexdigest()
+    return {KEY_HASH: {"id": 1, "rate_per_s": None}, limited: {"id": 2, "rate_per_s": rate_per_s}}
+
+
 TEXTS = ["这个产品很好", "服务很差，退货", "总体来说满意", "讨厌", "推荐给朋友", "一般般吧质量糟糕"]
-
-
-def load(host, key: str, export, **config) -> dict:
-    r = host.manage("PUT", f"/manage/revisions/{key}", {"export_dir": str(export), **config})
-    assert r.status_code in (200, 202), r.text
-    return host.wait_ready(key)
-
-
-def route(host, name: str, revisions: dict, keys: dict | None = None, max_inputs: int = 64):
-    keys = {KEY_HASH: {"id": 1, "rate_per_s": None}} if keys is None else keys
-    r = host.manage(
-        "PUT",
-        f"/manage/endpoints/{name}",
-        {"revisions": revisions, "keys": keys, "max_inputs": max_inputs},
-    )
-    assert r.status_code == 204, r.text
 
 
 def test_concurrent_clients_get_the_in_process_models_answers(fresh_host, exports):
@@ -134,15 +123,7 @@ def test_bad_input_gets_a_4xx_that_says_why(fresh_host, exports):
 def test_keys_rate_limits_and_the_management_secret(fresh_host, exports):
     load(fresh_host, "rev-a", exports("text_classification"))
     slow = "mpe_slow-key"
-    route(
-        fresh_host,
-        "keyed",
-        {"rev-a": 100},
-        keys={
-            KEY_HASH: {"id": 1, "rate_per_s": None},
-            hashlib.sha256(slow.encode()).hexdigest(): {"id": 2, "rate_per_s": 1},
-        },
-    )
+    route(fresh_host, "keyed", {"rev-a": 100}, keys=keys_with(slow, rate_per_s=1))
     body = {"inputs": ["很好"]}
     assert fresh_host.predict("keyed", body).status_code == 401
     assert fresh_host.predict("keyed", body, "mpe_wrong").status_code == 401
@@ -285,15 +266,7 @@ def test_a_flood_from_one_key_is_limited_and_other_keys_are_not(fresh_host, expo
 
     load(fresh_host, "rev-a", exports("text_classification"))
     flood_key = "mpe_flood-key"
-    route(
-        fresh_host,
-        "flooded",
-        {"rev-a": 100},
-        keys={
-            KEY_HASH: {"id": 1, "rate_per_s": None},
-            hashlib.sha256(flood_key.encode()).hexdigest(): {"id": 2, "rate_per_s": 5},
-        },
-    )
+    route(fresh_host, "flooded", {"rev-a": 100}, keys=keys_with(flood_key, rate_per_s=5))
     stop, flood, calm = threading.Event(), [], []
 
     def flooder() -> None:

@@ -5,11 +5,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-from django.contrib.auth import get_user_model
 from playwright.sync_api import Page, expect
 
 from console.models import AuditEvent, Membership
-from tests.helpers import login, shot
+from tests.helpers import admin_creates_team, login, shot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -24,14 +23,8 @@ def api_get(base: str, path: str, key: str) -> tuple[int, dict]:
 
 
 def test_admin_first_session(page: Page, live_server, celery_worker_process):
-    get_user_model().objects.create_superuser("admin", password="Admin-Pass-2026")
-    login(page, "admin", "Admin-Pass-2026")
-
     # No team yet: the console asks for one.
-    expect(page.get_by_role("heading", name="新建团队")).to_be_visible()
-    page.get_by_label("团队名称").fill("风控模型组")
-    page.get_by_role("button", name="创建团队").click()
-    expect(page.get_by_role("heading", name="风控模型组")).to_be_visible()
+    admin_creates_team(page, "风控模型组")
 
     # The dashboard shows the database, Redis and the worker alive.
     health = page.get_by_test_id("health")

@@ -7,7 +7,7 @@ from playwright.sync_api import Page, expect
 from console.models import Membership
 from console.roles import Role
 from labeling.models import DatasetVersion
-from tests.helpers import login, shot
+from tests.helpers import login, new_dataset, shot, upload_gbk_csv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -36,25 +36,9 @@ def test_upload_gbk_csv_map_import_and_browse(
     path.write_bytes("\r\n".join(",".join(r) for r in ROWS).encode("gbk"))
 
     login(page, "li", "Li-Pass-2026")
-    page.get_by_role("navigation").get_by_role("link", name="数据集").click()
-    form = page.get_by_test_id("new-dataset")
-    form.get_by_label("名称").fill("酒店评论")
-    form.get_by_label("任务类型").select_option("text_classification")
-    form.get_by_role("button", name="创建数据集").click()
-    expect(page.get_by_role("heading", name="酒店评论")).to_be_visible()
-
-    page.get_by_label("文件").set_input_files(str(path))
-    page.get_by_role("button", name="上传", exact=True).click()
-    # The mapping page: GBK detected, the header mapped.
-    expect(page.get_by_test_id("detected-encoding")).to_contain_text("GBK")
-    expect(page.get_by_test_id("preview")).to_contain_text("房间干净整洁")
-    expect(page.locator("#id_map_text")).to_have_value("评论内容")
-    expect(page.locator("#id_map_label")).to_have_value("情感")
-    shot(page, "mapping")
-    page.get_by_role("button", name="导入").click()
-
-    # The import runs on the worker; the page follows its progress.
-    expect(page.get_by_test_id("import-status")).to_have_text("成功", timeout=60_000)
+    new_dataset(page, "酒店评论")
+    # The mapping page: GBK detected, the header mapped; the import runs on the worker.
+    upload_gbk_csv(page, path, preview="房间干净整洁", shot_as="mapping")
     expect(page.get_by_test_id("report")).to_have_count(0)
     page.get_by_test_id("version-link").click()
     expect(page.get_by_test_id("row-count")).to_have_text("45")

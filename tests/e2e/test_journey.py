@@ -9,29 +9,38 @@ every step in the audit log.
 The walkthrough in docs/journey.md is this test, with the screenshots it takes
 (``E2E_SCREENSHOTS=docs/images``)."""
 
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 import requests
-from django.contrib.auth import get_user_model
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, Page, expect
 
 from console.models import Team
 from deployment.models import Endpoint
 from deployment.reconcile import endpoints_reconcile
 from labeling import label_studio
 from labeling.models import DatasetVersion, LabelingProject
-from tests.helpers import login, shot, wait_endpoint_ready
+from tests.helpers import (
+    admin_creates_team,
+    deploy,
+    export_labeled,
+    login,
+    needs_label_studio,
+    new_dataset,
+    new_labeling_project,
+    new_user_page,
+    open_label_studio,
+    open_report,
+    shot,
+    submit_job,
+    upload_gbk_csv,
+    wait_endpoint_ready,
+)
 from training.models import TrainingJob
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.environ.get("LABEL_STUDIO_URL"), reason="needs Label Studio"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), needs_label_studio]
 
 POSITIVE = ["干净整洁", "服务热情", "床很舒适", "交通方便", "早餐丰盛"]
 NEGATIVE = ["隔音很差", "前台冷淡", "卫生脏乱", "非常失望", "设施陈旧"]
@@ -63,12 +72,6 @@ def gbk_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
     lines = ["评论内容,情感", *(f"{text},{label}" for text, label in rows)]
     path.write_bytes("\r\n".join(lines).encode("gbk"))
     return path
-
-
-def new_user_page(browser: Browser, base_url: str) -> tuple[BrowserContext, Page]:
-    context = browser.new_context(base_url=base_url, locale="zh-CN")
-    context.set_default_timeout(15_000)
-    return context, context.new_page()
 
 
 def served_by(url: str, key: str, model: str) -> dict:
@@ -115,12 +118,7 @@ def test_a_new_team_walks_the_whole_chain(
     base = live_server.url
 
     # -- 1. The administrator makes the team and its accounts, and invites them. ------------
-    get_user_model().objects.create_superuser("admin", password="Admin-Pass-2026")
-    login(page, "admin", "Admin-Pass-2026")
-    expect(page.get_by_role("heading", name="新建团队")).to_be_visible()
-    page.get_by_label("团队名称").fill("酒店点评组")
-    page.get_by_role("button", name="创建团队").click()
-    expect(page.get_by_role("heading", name="酒店点评组")).to_be_visible()
+    admin_creates_team(page, "酒店点评组")
     team = Team.objects.get(name="酒店点评组")
     shot(page, "journey-01-team")
 
@@ -148,27 +146,13 @@ def test_a_new_team_walks_the_whole_chain(
     li_context, li = new_user_page(browser, base)
     login(li, "li", "Li-Pass-2026")
     expect(li.get_by_role("heading", name="酒店点评组")).to_be_visible()
-    li.get_by_role("navigation").get_by_role("link", name="数据集").click()
-    form = li.get_by_test_id("new-dataset")
-    form.get_by_label("名称").fill("酒店评论")
-    form.get_by_label("任务类型").select_option("text_classification")
-    form.get_by_label("标签").fill("好评, 差评")
-    form.get_by_role("button", name="创建数据集").click()
-    expect(li.get_by_role("heading", name="酒店评论")).to_be_visible()
+    new_dataset(li, "酒店评论", labels="好评, 差评")
 
     rows = reviews()
     for position, text in zip((2, 6), UNLABELED, strict=True):
         rows.insert(position, (text, ""))
     upload = gbk_csv(tmp_path / "酒店评论.csv", rows)
-    li.get_by_label("文件").set_input_files(str(upload))
-    li.get_by_role("button", name="上传", exact=True).click()
-    expect(li.get_by_test_id("detected-encoding")).to_contain_text("GBK")
-    expect(li.get_by_test_id("preview")).to_contain_text("房间宽敞明亮")
-    expect(li.locator("#id_map_text")).to_have_value("评论内容")
-    expect(li.locator("#id_map_label")).to_have_value("情感")
-    shot(li, "journey-04-mapping")
-    li.get_by_role("button", name="导入").click()
-    expect(li.get_by_test_id("import-status")).to_have_text("成功", timeout=60_000)
+    upload_gbk_csv(li, upload, preview="房间宽敞明亮", shot_as="journey-04-mapping")
     li.get_by_test_id("version-link").click()
     expect(li.get_by_test_id("row-count")).to_have_text(str(len(rows)))
     expect(li.get_by_test_id("label-chart")).to_contain_text("好评")
@@ -177,12 +161,7 @@ def test_a_new_team_walks_the_whole_chain(
     assert uploaded.encoding == "gbk"
 
     # -- 3. A labeling project of the unlabeled rows; the annotator labels them. -----------
-    li.get_by_test_id("label-link").click()
-    form = li.get_by_test_id("new-project")
-    form.get_by_label("名称").fill("第一轮")
-    form.locator("#id_selection").select_option("unlabeled")
-    form.get_by_role("button", name="在 Label Studio 中创建").click()
-    expect(li.get_by_test_id("project-status")).to_have_text("就绪", timeout=60_000)
+    new_labeling_project(li, "第一轮", selection="unlabeled")
     project = LabelingProject.objects.get(team=team)
     assert project.tasks.count() == len(UNLABELED)
 
@@ -190,10 +169,7 @@ def test_a_new_team_walks_the_whole_chain(
     login(xiao, "xiao", "Xiao-Pass-2026")
     xiao.get_by_role("navigation").get_by_role("link", name="数据标注").click()
     xiao.get_by_role("link", name="第一轮").click()
-    with xiao_context.expect_page() as opened:
-        xiao.get_by_test_id("open-ls").click()
-    ls_page = opened.value
-    ls_page.set_default_timeout(30_000)
+    ls_page = open_label_studio(xiao)
     shown = ls_page.get_by_text(re.compile("|".join(UNLABELED)))
     expect(shown).to_be_visible()
     shot(ls_page, "journey-06-label-studio")
@@ -203,27 +179,23 @@ def test_a_new_team_walks_the_whole_chain(
     # The webhooks bring the annotations: the project page shows them, attributed.
     per_annotator = li.get_by_test_id("per-annotator")
     expect(per_annotator.locator("td")).to_have_text(str(len(UNLABELED)), timeout=30_000)
-    expect(per_annotator).to_contain_text("xiao")
-    li.reload()
-    shot(li, "journey-07-labeled")
 
     # -- 4. Export a labeled version, train the preset on it, read the report. -------------
-    li.get_by_test_id("export").get_by_role("button", name="导出为新版本").click()
-    expect(li.get_by_test_id("import-status")).to_have_text("成功", timeout=60_000)
+    export_labeled(li, "xiao", shot_as="journey-07-labeled")
     labeled = DatasetVersion.objects.get(dataset__team=team, number=2)
     assert labeled.parent == uploaded
     assert labeled.stats["labels"] == {"好评": 33, "差评": 33}
 
     li.get_by_role("navigation").get_by_role("link", name="模型训练").click()
-    li.get_by_test_id("new-job").click()
-    form = li.get_by_test_id("job-form")
-    form.locator("#id_dataset_version").select_option(str(labeled.pk))
-    form.locator("#id_model").select_option("preset:ernie-micro-char")
-    form.locator("#id_epochs").fill("8")
-    form.locator("#id_batch_size").fill("8")
-    form.locator("#id_seed").fill("1")
-    shot(li, "journey-08-new-job")
-    li.get_by_test_id("submit-job").click()
+    submit_job(
+        li,
+        labeled,
+        model="preset:ernie-micro-char",
+        shot_as="journey-08-new-job",
+        epochs=8,
+        batch_size=8,
+        seed=1,
+    )
     status = li.get_by_test_id("job-status")
     expect(status).to_have_attribute("data-status", "succeeded", timeout=180_000)
     shot(li, "journey-09-job")
@@ -239,20 +211,11 @@ def test_a_new_team_walks_the_whole_chain(
     second_job = TrainingJob.objects.exclude(pk=first_job.pk).get(team=team)
 
     li.goto(f"/t/{team.slug}/training/{first_job.pk}/")
-    li.get_by_test_id("model-link").get_by_role("link").click()
-    expect(li.get_by_test_id("metrics")).to_contain_text("accuracy")
-    expect(li.get_by_test_id("confusion")).to_contain_text("差评")
-    expect(li.get_by_test_id("per-label")).to_contain_text("好评")
-    expect(li.get_by_test_id("lineage")).to_contain_text("酒店评论 v2")
+    open_report(li, ("差评", "好评"), "酒店评论 v2")
     shot(li, "journey-10-report")
 
     # -- 5. Deploy it, call it from outside the browser, see the call on the charts. -------
-    li.get_by_test_id("deploy").click()
-    form = li.get_by_test_id("deploy-form")
-    form.locator("#id_name").fill("hotel-reviews")
-    form.locator("button[type=submit]").click()
-    expect(li.get_by_test_id("endpoint-url")).to_contain_text("/v1/endpoints/hotel-reviews:predict")
-    wait_endpoint_ready(li, timeout=120)
+    deploy(li, "hotel-reviews", "/v1/endpoints/hotel-reviews:predict", timeout=120)
 
     keys = li.get_by_test_id("key-form")
     keys.locator("#id_name").fill("客服系统")
@@ -314,20 +277,10 @@ def test_a_new_team_walks_the_whole_chain(
 
     # -- 7. New rows arrive: the endpoint pre-annotates them for the annotators. -----------
     li.goto(f"/t/{team.slug}/datasets/{uploaded.dataset_id}/")
-    li.get_by_label("文件").set_input_files(
-        str(gbk_csv(tmp_path / "新评论.csv", [(t, "") for t in NEW_ROWS]))
-    )
-    li.get_by_role("button", name="上传", exact=True).click()
-    expect(li.get_by_test_id("detected-encoding")).to_contain_text("GBK")
-    li.get_by_role("button", name="导入").click()
-    expect(li.get_by_test_id("import-status")).to_have_text("成功", timeout=60_000)
+    upload_gbk_csv(li, gbk_csv(tmp_path / "新评论.csv", [(t, "") for t in NEW_ROWS]))
     li.get_by_test_id("version-link").click()
     expect(li.get_by_test_id("row-count")).to_have_text(str(len(NEW_ROWS)))
-    li.get_by_test_id("label-link").click()
-    form = li.get_by_test_id("new-project")
-    form.get_by_label("名称").fill("第二轮")
-    form.get_by_role("button", name="在 Label Studio 中创建").click()
-    expect(li.get_by_test_id("project-status")).to_have_text("就绪", timeout=60_000)
+    new_labeling_project(li, "第二轮")
     second = LabelingProject.objects.get(team=team, name="第二轮")
 
     li.reload()  # the project's actions come with a ready project
@@ -358,10 +311,7 @@ def test_a_new_team_walks_the_whole_chain(
 
     # The annotator finds the model's answer already filled in.
     xiao.goto(f"/t/{team.slug}/labeling/{second.pk}/")
-    with xiao_context.expect_page() as opened:
-        xiao.get_by_test_id("open-ls").click()
-    ls_page = opened.value
-    ls_page.set_default_timeout(30_000)
+    ls_page = open_label_studio(xiao)
     shown = ls_page.get_by_text(re.compile("|".join(NEW_ROWS)))
     expect(shown).to_be_visible()
     text = next(t for t in NEW_ROWS if t in shown.inner_text())

@@ -2,7 +2,6 @@
 Studio, the engineer exports the instruction version, fine-tunes the tiny LLaMA preset with
 LoRA on the real train worker, deploys it, and chats with it in the console's playground."""
 
-import os
 import re
 
 import pytest
@@ -11,14 +10,22 @@ from playwright.sync_api import Page, expect
 from console.roles import Role
 from labeling.datasets import dataset_create
 from labeling.models import DatasetVersion, LabelingProject
-from tests.helpers import login, make_jsonl_version, rows_for, shot, wait_endpoint_ready
+from tests.helpers import (
+    deploy,
+    export_labeled,
+    login,
+    make_jsonl_version,
+    needs_label_studio,
+    new_labeling_project,
+    new_user_page,
+    open_label_studio,
+    rows_for,
+    shot,
+    submit_job,
+)
 from training.models import TrainingJob
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.environ.get("LABEL_STUDIO_URL"), reason="needs Label Studio"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), needs_label_studio]
 
 
 def test_write_a_response_train_deploy_and_chat(
@@ -36,24 +43,15 @@ def test_write_a_response_train_deploy_and_chat(
     # The engineer sends the conversation that awaits its response to Label Studio.
     login(page, "zhao", "Zhao-Pass-2026")
     page.goto(f"/t/{team.slug}/datasets/{dataset.pk}/v/{version.number}/")
-    page.get_by_test_id("label-link").click()
-    form = page.get_by_test_id("new-project")
-    form.get_by_label("名称").fill("写回答")
-    form.locator("#id_selection").select_option("unlabeled")
-    form.get_by_role("button", name="在 Label Studio 中创建").click()
-    expect(page.get_by_test_id("project-status")).to_have_text("就绪", timeout=60_000)
+    new_labeling_project(page, "写回答", selection="unlabeled")
     project = LabelingProject.objects.get()
     assert project.tasks.count() == 1
 
     # The annotator writes the response in Label Studio, reached through the console.
-    context = browser.new_context(base_url=live_server.url, locale="zh-CN")
-    annotator_page = context.new_page()
+    context, annotator_page = new_user_page(browser, live_server.url)
     login(annotator_page, "qian", "Qian-Pass-2026")
     annotator_page.goto(f"/t/{team.slug}/labeling/{project.pk}/")
-    with context.expect_page() as opened:
-        annotator_page.get_by_test_id("open-ls").click()
-    ls_page = opened.value
-    ls_page.set_default_timeout(30_000)
+    ls_page = open_label_studio(annotator_page)
     expect(ls_page.get_by_text("9加9等于几？")).to_be_visible()
     response = ls_page.get_by_placeholder("助手的回答")
     response.fill("9加9等于18。")
@@ -62,20 +60,13 @@ def test_write_a_response_train_deploy_and_chat(
     shot(ls_page, "label-studio-response")
     context.close()
 
-    expect(page.get_by_test_id("per-annotator")).to_contain_text("qian", timeout=30_000)
-    page.reload()
-    page.get_by_test_id("export").get_by_role("button", name="导出为新版本").click()
-    expect(page.get_by_test_id("import-status")).to_have_text("成功", timeout=60_000)
+    export_labeled(page, "qian")
     exported = DatasetVersion.objects.get(source="labeling")
     assert exported.stats["unlabeled"] == 0
 
     # Fine-tune the tiny LLaMA preset with LoRA (the task kind's default) on the export.
     page.goto(f"/t/{team.slug}/training/")
-    page.get_by_test_id("new-job").click()
-    job_form = page.get_by_test_id("job-form")
-    job_form.locator("#id_dataset_version").select_option(str(exported.pk))
-    job_form.locator("#id_epochs").fill("6")
-    page.get_by_test_id("submit-job").click()
+    submit_job(page, exported, epochs=6)
     status = page.get_by_test_id("job-status")
     expect(status).to_have_attribute("data-status", "succeeded", timeout=180_000)
     job = TrainingJob.objects.get()
@@ -87,12 +78,7 @@ def test_write_a_response_train_deploy_and_chat(
     shot(page, "large-model-evaluation")
 
     # Deploy it, and chat in the playground once the serving host has it ready.
-    page.get_by_test_id("deploy").click()
-    deploy = page.get_by_test_id("deploy-form")
-    deploy.locator("#id_name").fill("math-helper")
-    deploy.locator("button[type=submit]").click()
-    expect(page.get_by_test_id("endpoint-url")).to_contain_text("/v1/chat/completions")
-    wait_endpoint_ready(page)
+    deploy(page, "math-helper", "/v1/chat/completions")
 
     page.get_by_test_id("chat-input").fill("3加4等于几？")
     page.locator("#chat-temperature").fill("0")

@@ -6,7 +6,7 @@ from playwright.sync_api import Page, expect
 
 from console.roles import Role
 from labeling.datasets import dataset_create
-from tests.helpers import login, make_jsonl_version, rows_for, shot
+from tests.helpers import login, make_jsonl_version, open_report, rows_for, shot, submit_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -30,14 +30,14 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
 
     login(page, "wang", "Wang-Pass-2026")
     page.goto(f"/t/{team.slug}/training/")
-    page.get_by_test_id("new-job").click()
-    form = page.get_by_test_id("job-form")
-    form.locator("#id_dataset_version").select_option(str(version.pk))
-    form.locator("#id_model").select_option("preset:ernie-micro-char")
-    form.locator("#id_epochs").fill("25")
-    form.locator("#id_batch_size").fill("8")
-    shot(page, "training-new-job")
-    page.get_by_test_id("submit-job").click()
+    submit_job(
+        page,
+        version,
+        model="preset:ernie-micro-char",
+        shot_as="training-new-job",
+        epochs=25,
+        batch_size=8,
+    )
 
     # The job page follows the run without a reload: the curves grow, the bar moves.
     status = page.get_by_test_id("job-status")
@@ -58,9 +58,5 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
 
     # Done: the page reloads once and links the model version.
     expect(status).to_have_attribute("data-status", "succeeded", timeout=120_000)
-    page.get_by_test_id("model-link").get_by_role("link").click()
-    expect(page.get_by_test_id("metrics")).to_contain_text("accuracy")
-    expect(page.get_by_test_id("confusion")).to_contain_text("正面")
-    expect(page.get_by_test_id("per-label")).to_contain_text("负面")
-    expect(page.get_by_test_id("lineage")).to_contain_text("评论 v1")
+    open_report(page, ("正面", "负面"), "评论 v1")
     shot(page, "training-report")

@@ -8,14 +8,16 @@ from console.models import Membership
 from console.roles import Role
 from labeling import label_studio
 from labeling.consensus import cohen_kappa, resolve
-from labeling.datasets import dataset_create
 from labeling.exports import labeling_project_export
 from labeling.imports import import_run
-from labeling.projects import labeling_project_create, labeling_project_push
 from labeling.sync import labeling_project_sync
-from tests.helpers import make_version
-from tests.labeling.test_label_studio import needs_label_studio
-from tests.labeling.test_sync import choice, member_account, task_ids
+from tests.helpers import (
+    choice,
+    member_account,
+    needs_label_studio,
+    reviews_project,
+    task_ids,
+)
 
 
 def test_cohen_kappa_on_a_known_case():
@@ -57,18 +59,8 @@ def test_conflict_rules():
     ],
 )
 def test_export_makes_a_version_with_the_agreed_labels(owner, team, make_user, rule, expected):
-    dataset = dataset_create(
-        actor=owner,
-        team=team,
-        name=f"评论-{rule}",
-        task_kind="text_classification",
-        labels=["正面", "负面"],
-    )
-    rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
-    version = make_version(dataset, owner, rows)
-    project = labeling_project_push(
-        labeling_project_create(actor=owner, version=version, name="导出", overlap=3).pk
-    )
+    project = reviews_project(team, owner, "导出", dataset_name=f"评论-{rule}", overlap=3)
+    version = project.source_version
     ls = label_studio.client(team)
     # Annotators of the team, each with their Label Studio account.
     users = [make_user(f"a{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]

@@ -11,7 +11,7 @@ import pytest
 from labeling import consensus, task_kinds
 from labeling.pipeline import ImportOptions, run_import
 from labeling.task_kinds.base import RowError
-from tests.labeling.test_label_studio import needs_label_studio
+from tests.helpers import needs_label_studio
 
 
 def jsonl(records: list[dict]) -> bytes:
@@ -211,16 +211,19 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
     real Label Studio; the exports are an instruction and a preference version."""
     from django.core.files.storage import default_storage
 
-    from labeling import label_studio
     from labeling.datasets import dataset_create
     from labeling.exports import labeling_project_export
     from labeling.imports import import_run
-    from labeling.projects import labeling_project_create, labeling_project_push
     from labeling.sync import labeling_project_sync
-    from tests.helpers import make_jsonl_version
-    from tests.labeling.test_sync import member_account, task_ids
+    from tests.helpers import annotate, make_jsonl_version, push_project, region, task_ids
 
-    def exported_rows(project):
+    def exported_rows(kind: str, row: dict, result: list[dict]) -> list[dict]:
+        """The export of a labeling project of ``row`` (in a new dataset of ``kind``), once an
+        annotator has given it ``result``."""
+        dataset = dataset_create(actor=owner, team=team, name=kind, task_kind=kind)
+        version = make_jsonl_version(dataset, owner, [row], {k: k for k in row})
+        project = push_project(owner, version, kind)
+        annotate(team, owner, task_ids(project)[1], result)
         labeling_project_sync(project.pk)
         job = labeling_project_export(actor=owner, project=project, rule="majority")
         job = import_run(job.pk)
@@ -228,57 +231,21 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
         with default_storage.open(job.version.data_file, "rb") as f:
             return [json.loads(line) for line in f]
 
-    ls = label_studio.client(team)
-    dataset = dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
     waiting = {"messages": [{"role": "user", "content": "写一句秋天的诗"}]}
-    version = make_jsonl_version(dataset, owner, [waiting], {"messages": "messages"})
-    project = labeling_project_push(
-        labeling_project_create(actor=owner, version=version, name="写回答").pk
-    )
-    ls.annotations.create(
-        id=task_ids(project)[1],
-        completed_by=member_account(team, owner),
-        result=[
-            {
-                "from_name": "response",
-                "to_name": "dialogue",
-                "type": "textarea",
-                "value": {"text": ["秋风起兮白云飞。"]},
-            },
-            {
-                "from_name": "rating",
-                "to_name": "dialogue",
-                "type": "rating",
-                "value": {"rating": 5},
-            },
-        ],
-    )
-    rows = exported_rows(project)
+    response = [
+        region("response", "dialogue", "textarea", {"text": ["秋风起兮白云飞。"]}),
+        region("rating", "dialogue", "rating", {"rating": 5}),
+    ]
+    rows = exported_rows("instruction", waiting, response)
     assert rows[0]["messages"] == [
         *waiting["messages"],
         {"role": "assistant", "content": "秋风起兮白云飞。"},
     ]
     assert rows[0]["rating"] == 5  # the annotator's rating travels with the response
 
-    pairs = dataset_create(actor=owner, team=team, name="偏好", task_kind="preference")
     pair = {"prompt": "推荐一本书", "response_a": "不知道", "response_b": "《红楼梦》"}
-    pair_version = make_jsonl_version(pairs, owner, [pair], {k: k for k in pair})
-    pair_project = labeling_project_push(
-        labeling_project_create(actor=owner, version=pair_version, name="比较").pk
-    )
-    ls.annotations.create(
-        id=task_ids(pair_project)[1],
-        completed_by=member_account(team, owner),
-        result=[
-            {
-                "from_name": "preference",
-                "to_name": "response_a",
-                "type": "pairwise",
-                "value": {"selected": "right"},
-            }
-        ],
-    )
-    rows = exported_rows(pair_project)
+    picked = [region("preference", "response_a", "pairwise", {"selected": "right"})]
+    rows = exported_rows("preference", pair, picked)
     assert {k: rows[0][k] for k in ("prompt", "chosen", "rejected")} == {
         "prompt": "推荐一本书",
         "chosen": "《红楼梦》",

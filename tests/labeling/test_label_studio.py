@@ -1,6 +1,5 @@
 """The real Label Studio server that `make test` starts (platform/label_studio.py run)."""
 
-import os
 import uuid
 from xml.etree import ElementTree
 
@@ -9,11 +8,7 @@ from django.test import override_settings
 
 from labeling import label_studio, task_kinds
 from runtime.kinds import TaskKind
-
-needs_label_studio = pytest.mark.skipif(
-    not os.environ.get("LABEL_STUDIO_URL") and not os.environ.get("CI"),
-    reason="Label Studio tests skipped: LABEL_STUDIO_URL is not set (run them with `make test`)",
-)
+from tests.helpers import needs_label_studio
 
 
 @needs_label_studio

@@ -15,15 +15,22 @@ from labeling.projects import (
     labeling_project_set_labels,
 )
 from labeling.sync import labeling_project_sync
-from tests.helpers import make_jsonl_version, make_version, reviews_dataset
-from tests.labeling.test_label_studio import needs_label_studio
-from tests.labeling.test_sync import member_account
+from tests.helpers import (
+    annotate,
+    choice,
+    make_jsonl_version,
+    make_version,
+    needs_label_studio,
+    push_project,
+    reviews_dataset,
+)
 
 pytestmark = needs_label_studio
 
 
 @pytest.fixture
 def dataset(owner, team):
+    """Reviews to label, 正面 or 负面."""
     return reviews_dataset(team, owner, "评论")
 
 
@@ -40,8 +47,7 @@ def first_prediction(task) -> dict:
 
 
 def push(owner, version, **options) -> LabelingProject:
-    project = labeling_project_create(actor=owner, version=version, name="第一轮标注", **options)
-    return labeling_project_push(project.pk)  # what the Celery task does
+    return push_project(owner, version, "第一轮标注", **options)
 
 
 def test_push_makes_the_project_and_its_tasks_with_labels_as_predictions(owner, dataset):
@@ -200,18 +206,7 @@ def test_labeling_projects_through_the_api(owner, team, dataset):
     assert "中立" in ls.projects.get(id=detail["ls_project_id"]).label_config
     project = LabelingProject.objects.get(pk=project_id)
     first = project.tasks.get(row=1).ls_task_id
-    ls.annotations.create(
-        id=first,
-        completed_by=member_account(team, owner),
-        result=[
-            {
-                "from_name": "label",
-                "to_name": "text",
-                "type": "choices",
-                "value": {"choices": ["负面"]},
-            }
-        ],
-    )
+    annotate(team, owner, first, choice("负面"))
     labeling_project_sync(project_id)
     assert api.get(f"{base}{project_id}/").json()["progress"]["annotations"] == 1
     fixed = api.patch(

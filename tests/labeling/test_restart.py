@@ -11,11 +11,15 @@ import pytest
 
 from labeling import label_studio
 from labeling.models import Annotation
-from labeling.projects import labeling_project_create, labeling_project_push
 from labeling.sync import labeling_project_sync
-from tests.helpers import make_version, reviews_dataset
-from tests.labeling.test_label_studio import needs_label_studio
-from tests.labeling.test_sync import choice, task_ids
+from tests.helpers import (
+    choice,
+    make_version,
+    needs_label_studio,
+    push_project,
+    reviews_dataset,
+    task_ids,
+)
 
 pytestmark = needs_label_studio
 
@@ -64,9 +68,7 @@ def test_label_studio_killed_mid_sync_and_restarted_loses_nothing(owner, team, o
     dataset = reviews_dataset(team, owner, "重启")
     rows = [["text", "label"]] + [[f"第{i}条评论，房间干净", ""] for i in range(300)]
     version = make_version(dataset, owner, rows)
-    project = labeling_project_push(
-        labeling_project_create(actor=owner, version=version, name="重启").pk
-    )
+    project = push_project(owner, version, "重启")
     ls = label_studio.client(project.team)
     for row, task_id in task_ids(project).items():
         ls.annotations.create(id=task_id, result=choice("正面" if row % 2 else "负面"))

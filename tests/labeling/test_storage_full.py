@@ -2,15 +2,13 @@
 file stays behind, the dataset's earlier versions are intact, and once space is freed the same
 upload imports."""
 
-import io
-
 import pytest
 from django.core.files.storage import default_storage
 
-from labeling.datasets import dataset_create, upload_create, upload_write_chunk
-from labeling.imports import import_run, import_start
+from labeling.datasets import dataset_create
+from labeling.imports import import_run
 from labeling.models import DatasetVersion
-from tests.helpers import make_version
+from tests.helpers import make_version, start_import, upload_data
 
 pytestmark = pytest.mark.django_db
 
@@ -20,15 +18,7 @@ def stored_files(root) -> set[str]:
 
 
 def import_upload(owner, dataset, upload):
-    job = import_start(
-        actor=owner,
-        dataset=dataset,
-        upload=upload,
-        fmt="csv",
-        encoding="utf-8",
-        options={"mapping": {"text": "text", "label": "label"}},
-    )
-    return import_run(job.pk)
+    return import_run(start_import(owner, dataset, upload, {"text": "text", "label": "label"}).pk)
 
 
 def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
@@ -42,8 +32,7 @@ def test_an_import_on_a_full_disk_fails_clearly_and_keeps_the_earlier_version(
 
     data = "text,label\n" + "".join(f"第{i}条评论，质量很好,正面\n" for i in range(3000))
     data = data.encode()
-    upload = upload_create(actor=owner, team=team, filename="more.csv", size=len(data))
-    upload = upload_write_chunk(upload=upload, offset=0, stream=io.BytesIO(data), length=len(data))
+    upload = upload_data(owner, team, data)
     files_before = stored_files(small_disk.path / "media")
 
     small_disk.fill()

@@ -10,53 +10,29 @@ from labeling.models import Annotation
 from labeling.projects import (
     WEBHOOK_SECRET_HEADER,
     labeling_project_create,
-    labeling_project_push,
     labeling_project_webhook_register,
 )
 from labeling.selectors import labeling_projects_to_push
 from labeling.sync import labeling_project_sync
-from tests.helpers import make_jsonl_version, make_version, reviews_dataset
-from tests.labeling.test_label_studio import needs_label_studio
+from tests.helpers import (
+    choice,
+    make_jsonl_version,
+    make_version,
+    member_account,
+    needs_label_studio,
+    push_project,
+    reviews_dataset,
+    reviews_project,
+    task_ids,
+)
 
 pytestmark = needs_label_studio
 
 
-def choice(label: str) -> list[dict]:
-    return [
-        {"from_name": "label", "to_name": "text", "type": "choices", "value": {"choices": [label]}}
-    ]
-
-
 @pytest.fixture
 def project(owner, team):
-    dataset = reviews_dataset(team, owner, "评论")
-    rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
-    version = make_version(dataset, owner, rows)
-    created = labeling_project_create(actor=owner, version=version, name="同步")
-    return labeling_project_push(created.pk)
-
-
-def task_ids(project) -> dict[int, int]:
-    return dict(project.tasks.values_list("row", "ls_task_id"))
-
-
-def member_account(team, user) -> int:
-    """The Label Studio user id of ``user``'s account, ``user`` being a labeling member of
-    ``team`` (made through the team's service account: quicker than the console's hand-over).
-    Only annotations by such accounts count; the tests annotate as them (``completed_by``)."""
-    import uuid
-
-    from labeling.models import LabelStudioAccount
-
-    account = LabelStudioAccount.objects.filter(user=user).first()
-    if account is not None:
-        return account.ls_user_id
-    tag = f"{user.username}-{uuid.uuid4().hex[:8]}"
-    person = label_studio.client(team).users.create(username=tag, email=f"{tag}@example.com")
-    LabelStudioAccount.objects.create(
-        user=user, ls_user_id=person.id, email=person.email, active_team=team
-    )
-    return person.id
+    """Three unlabeled reviews, pushed to Label Studio."""
+    return reviews_project(team, owner, "同步")
 
 
 def test_sync_takes_in_created_changed_and_deleted_annotations(project):
@@ -95,11 +71,7 @@ def test_sync_takes_in_created_changed_and_deleted_annotations(project):
 def test_ner_annotations_are_checked_against_the_text(owner, team):
     dataset = dataset_create(actor=owner, team=team, name="实体", task_kind="ner")
     version = make_jsonl_version(dataset, owner, [{"text": "张三在北京工作"}], {"text": "text"})
-    project = labeling_project_push(
-        labeling_project_create(
-            actor=owner, version=version, name="实体标注", labels=["PER", "LOC"]
-        ).pk
-    )
+    project = push_project(owner, version, "实体标注", labels=["PER", "LOC"])
     (task_id,) = task_ids(project).values()
 
     def span(start, end, label):

@@ -2,7 +2,6 @@
 the onnxruntime Predictor (no Django, no database; skipped where torch is not installed)."""
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -20,17 +19,9 @@ from runtime.backends import get_backend
 from runtime.backends.torch import TorchBackend, TorchOps, check_checkpoint
 from runtime.inference import Predictor, read_manifest
 from runtime.loop import BEST, predict_rows
-from runtime.spec import Hyperparameters, JobSpec
+from runtime.spec import JobSpec
 from runtime.tokenizer import CharTokenizer
-
-FILLER = "今天我们的这个那些很都也在说看到了一下还是"
-TOPICS = {
-    "体育": ["足球", "篮球", "比赛"],
-    "财经": ["股票", "银行", "基金"],
-    "科技": ["手机", "芯片", "电脑"],
-}
-PEOPLE, PLACES = ["张三", "李四", "王五", "赵六"], ["北京", "上海", "广州", "深圳"]
-PAIR_LABELS = {"相关": "是的", "无关": "不对"}
+from tests.helpers import TOPIC_LABELS, make_workdir
 
 CLASSIFICATION_KEYS = {"accuracy", "macro_f1", "micro_f1", "weighted_f1", "per_label", "support"}
 METRIC_KEYS = {
@@ -39,81 +30,6 @@ METRIC_KEYS = {
     "multi_label": CLASSIFICATION_KEYS | {"label_confusion"},
     "ner": CLASSIFICATION_KEYS | {"precision", "recall", "f1"},
 }
-
-
-def filler(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice(FILLER) for _ in range(n))
-
-
-def make_row(kind: str, rng: random.Random) -> dict:
-    """A row whose annotation a keyword decides: a tiny model from scratch learns it."""
-    if kind == "text_classification":
-        label = rng.choice(list(TOPICS))
-        text = (
-            filler(rng, rng.randint(1, 4))
-            + rng.choice(TOPICS[label])
-            + filler(rng, rng.randint(1, 6))
-        )
-        return {"text": text, "label": label}
-    if kind == "multi_label":
-        labels = rng.sample(list(TOPICS), rng.randint(1, 2))
-        text = filler(rng, 2) + filler(rng, 2).join(rng.choice(TOPICS[x]) for x in labels)
-        return {"text": text + filler(rng, 2), "labels": labels}
-    if kind == "text_pair":
-        label = rng.choice(list(PAIR_LABELS))
-        text_a, text_b = (
-            filler(rng, rng.randint(3, 8)),
-            filler(rng, rng.randint(1, 3)) + PAIR_LABELS[label],
-        )
-        return {"text_a": text_a, "text_b": text_b, "label": label}
-    person, place = rng.choice(PEOPLE), rng.choice(PLACES)
-    head = filler(rng, rng.randint(0, 2))
-    middle = rng.choice(["昨天去了", "今天在", "说要去"])
-    text = head + person + middle + place + filler(rng, 2)
-    p, q = len(head), len(head) + len(person) + len(middle)
-    entities = [
-        {"start": p, "end": p + 2, "label": "PER"},
-        {"start": q, "end": q + 2, "label": "LOC"},
-    ]
-    return {"text": text, "entities": entities}
-
-
-LABELS = {
-    "text_classification": list(TOPICS),
-    "multi_label": list(TOPICS),
-    "text_pair": list(PAIR_LABELS),
-    "ner": ["PER", "LOC"],
-}
-
-
-def make_workdir(root: Path, kind: str, *, sizes=(96, 16, 24), **hp) -> tuple[Path, JobSpec]:
-    rng = random.Random(kind)
-    workdir = root / kind
-    (workdir / "data").mkdir(parents=True)
-    for split, n in zip(("train", "dev", "test"), sizes, strict=True):
-        rows = [make_row(kind, rng) for _ in range(n)]
-        (workdir / "data" / f"{split}.jsonl").write_text(
-            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
-        )
-    values = {
-        "epochs": 10,
-        "batch_size": 8,
-        "learning_rate": 2e-3,
-        "max_seq_length": 32,
-        "warmup_ratio": 0.1,
-        "checkpoint_steps": 0,
-        **hp,
-    }
-    spec = JobSpec(
-        job_id=1,
-        task_kind=kind,
-        labels=LABELS[kind],
-        backend="torch",
-        preset="ernie-micro-char",
-        hyperparameters=Hyperparameters(**values),
-    )
-    spec.save(workdir)
-    return workdir, spec
 
 
 @pytest.fixture
@@ -148,7 +64,7 @@ def test_train_export_evaluate(tmp_path: Path, events, kind: str) -> None:
     assert manifest["runtime"] == "onnxruntime" and manifest["backend"] == "torch"
     assert manifest["model_file"] == "model.onnx"
     assert set(manifest["files"]) == {"model.onnx", "vocab.txt"}
-    assert manifest["task_kind"] == kind and manifest["labels"] == LABELS[kind]
+    assert manifest["task_kind"] == kind and manifest["labels"] == TOPIC_LABELS[kind]
 
     saved = json.loads((workdir / "evaluation.json").read_text(encoding="utf-8"))
     assert saved["split"] == "test" and saved["rows"] == 24

@@ -19,20 +19,15 @@ from django.utils import translation
 from console.models import Membership
 from console.roles import Role
 from labeling import consensus, label_studio, label_studio_admin, selectors
-from labeling.datasets import dataset_create
 from labeling.exports import labeling_project_export
 from labeling.imports import import_run
 from labeling.models import Annotation
 from labeling.projects import (
     WEBHOOK_SECRET_HEADER,
-    labeling_project_create,
-    labeling_project_push,
     labeling_project_webhook_register,
 )
 from labeling.sync import label_studio_members_converge, labeling_project_sync
-from tests.helpers import make_version
-from tests.labeling.test_label_studio import needs_label_studio
-from tests.labeling.test_sync import choice, task_ids
+from tests.helpers import choice, needs_label_studio, reviews_project, task_ids
 
 pytestmark = needs_label_studio
 
@@ -116,17 +111,10 @@ def teams(make_user, make_team):
     beta = make_team("Beta", {people["oscar"]: Role.OWNER, people["bob"]: Role.ANNOTATOR})
     projects = {}
     for team, owner in ((alpha, people["olivia"]), (beta, people["oscar"])):
-        dataset = dataset_create(
-            actor=owner,
-            team=team,
-            name=f"评论-{uuid.uuid4().hex[:6]}",
-            task_kind="text_classification",
-            labels=["正面", "负面"],
+        dataset_name = f"评论-{uuid.uuid4().hex[:6]}"
+        projects[team.slug] = reviews_project(
+            team, owner, "标注", dataset_name=dataset_name, overlap=3
         )
-        rows = [["text", "label"], ["房间干净", ""], ["早餐很差", ""], ["服务热情", ""]]
-        version = make_version(dataset, owner, rows)
-        created = labeling_project_create(actor=owner, version=version, name="标注", overlap=3)
-        projects[team.slug] = labeling_project_push(created.pk)
     return {"alpha": alpha, "beta": beta, "projects": projects, **people}
 
 

@@ -16,9 +16,7 @@ from django.core.exceptions import ValidationError
 
 from runtime import sandbox
 from runtime.chat import ChatTemplateError, ChatTokenizer
-from tests.deployment.test_server import KEY, load, route
-from tests.helpers import make_jsonl_version, rows_for, wait_for
-from tests.training.test_llm import llm_dirs  # noqa: F401 (a fixture)
+from tests.helpers import KEY, load, make_jsonl_version, route, rows_for, wait_for
 from training.base_models import inspect_model_dir
 from training.jobs import training_job_cancel, training_job_submit
 from training.launch import runner_popen_args, runner_sandbox
@@ -388,7 +386,7 @@ LOOPING = (
 
 
 @pytest.mark.parametrize("template", LOOPING)
-def test_a_chat_template_that_loops_for_ever_is_refused_at_import(llm_dirs, tmp_path, template):  # noqa: F811
+def test_a_chat_template_that_loops_for_ever_is_refused_at_import(llm_dirs, tmp_path, template):
     """At import (base models are validated before any job or endpoint renders their
     template) and where the runner and the serving host render it, within seconds."""
     model = tmp_path / "looping"
@@ -403,7 +401,7 @@ def test_a_chat_template_that_loops_for_ever_is_refused_at_import(llm_dirs, tmp_
 
 
 def test_a_chat_template_costly_only_for_longer_conversations_is_refused_at_import(
-    llm_dirs,  # noqa: F811
+    llm_dirs,
     tmp_path,
 ):
     """A template that renders the two-message sample cheaply and longer conversations at

@@ -248,19 +248,9 @@ def test_the_management_secret_opens_no_inference_api(host):
     chat and completions, so it bypasses no rate limit either. The platform's own key of an
     endpoint opens that endpoint only."""
     secret = settings.SERVING_SECRET
-    bad = requests.post(
-        f"{host.url}/v1/endpoints/guarded:predict",
-        json={"inputs": ["好"]},
-        headers={"Authorization": "Bearer mpe_wrong"},
-        timeout=10,
-    )
+    bad = host.predict("guarded", {"inputs": ["好"]}, "mpe_wrong")
     for header in ({"Authorization": f"Bearer {secret}"}, {"X-API-Key": secret}):
-        r = requests.post(
-            f"{host.url}/v1/endpoints/guarded:predict",
-            json={"inputs": ["好"]},
-            headers=header,
-            timeout=10,
-        )
+        r = host.predict("guarded", {"inputs": ["好"]}, headers=header)
         assert _comparable(r) == _comparable(bad)
         for path in INFERENCE[1:]:
             body = {"model": "guarded", "messages": [{"role": "user", "content": "好"}]}
@@ -278,17 +268,9 @@ def test_the_management_secret_opens_no_inference_api(host):
         {"revisions": {"rev-guarded": 100}, "keys": {}, "platform_key": platform_key_hash("plat")},
     )
     assert r.status_code == 204, r.text
-    mine = {"Authorization": f"Bearer {platform_key('plat')}"}
-    ok = requests.post(
-        f"{host.url}/v1/endpoints/plat:predict", json={"inputs": ["好"]}, headers=mine, timeout=30
-    )
+    ok = host.predict("plat", {"inputs": ["好"]}, platform_key("plat"))
     assert ok.status_code == 200, ok.text
-    other = requests.post(
-        f"{host.url}/v1/endpoints/guarded:predict",
-        json={"inputs": ["好"]},
-        headers=mine,
-        timeout=10,
-    )
+    other = host.predict("guarded", {"inputs": ["好"]}, platform_key("plat"))
     assert _comparable(other) == _comparable(bad)
     assert host.state()["endpoints"]["plat"]["key_expiry"] == {}  # not listed among the keys
     host.manage("DELETE", "/manage/endpoints/plat")

@@ -24,8 +24,7 @@ from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from tests.helpers import log_of, make_jsonl_version, rows_for, wait_for
-from tests.training.test_base_models import CHARS, MAKE_PADDLE, RUNTIME_PY, _make
+from tests.helpers import CHARS, in_runtime, log_of, make_jsonl_version, rows_for, wait_for
 from training import storage
 from training.base_models import base_model_import
 from training.jobs import training_job_submit
@@ -58,12 +57,6 @@ def crafted_torch_zip(marker: Path) -> bytes:
         zf.writestr("archive/byteorder", "little")
         zf.writestr("archive/version", "3\n")
     return buf.getvalue()
-
-
-@pytest.fixture(scope="session")
-def ernie(django_db_setup) -> Path:
-    """A real ERNIE saved by PaddleNLP (paddle.save: model_state.pdparams), on the server."""
-    return _make(MAKE_PADDLE, settings.MODEL_IMPORT_DIR / "ernie-mini", {"USE_TORCH": "0"})
 
 
 @pytest.fixture
@@ -120,6 +113,18 @@ def import_archive(client, team, data: bytes, name: str = "model.tar.gz", backen
     )
 
 
+def import_torch_bin(client, team, vocab_from: Path, weights: bytes):
+    """Upload a BERT (the vocabulary of ``vocab_from``) whose pytorch_model.bin is ``weights``;
+    the response."""
+    config = json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2})
+    files = {
+        "model/config.json": config.encode(),
+        "model/vocab.txt": (vocab_from / "vocab.txt").read_bytes(),
+        "model/pytorch_model.bin": weights,
+    }
+    return import_archive(client, team, tar_of(files), backend="torch")
+
+
 def detail(response) -> str:
     return " ".join(map(str, response.json().get("detail", [response.json()])))
 
@@ -128,10 +133,10 @@ def detail(response) -> str:
 
 
 def test_a_crafted_pdparams_in_a_server_directory_is_refused_naming_the_global(
-    team, owner, ernie, marker
+    team, owner, paddle_base, marker
 ):
     evil = settings.MODEL_IMPORT_DIR / "evil-ernie"
-    shutil.copytree(ernie, evil, dirs_exist_ok=True)
+    shutil.copytree(paddle_base, evil, dirs_exist_ok=True)
     (evil / "model_state.pdparams").write_bytes(crafted_state(marker))
     with pytest.raises(Exception, match=rf"model_state\.pdparams asks for {SYSTEM}") as exc:
         base_model_import(actor=owner, team=team, name="evil", path="evil-ernie")
@@ -140,8 +145,10 @@ def test_a_crafted_pdparams_in_a_server_directory_is_refused_naming_the_global(
 
 
 @pytest.mark.parametrize("fmt", ["tar.gz", "zip"])
-def test_a_crafted_pdparams_in_an_uploaded_archive_is_refused(client, team, ernie, marker, fmt):
-    files = model_files(ernie) | {"model/model_state.pdparams": crafted_state(marker)}
+def test_a_crafted_pdparams_in_an_uploaded_archive_is_refused(
+    client, team, paddle_base, marker, fmt
+):
+    files = model_files(paddle_base) | {"model/model_state.pdparams": crafted_state(marker)}
     data = tar_of(files) if fmt == "tar.gz" else zip_of(files)
     response = import_archive(client, team, data, f"model.{fmt}")
     assert response.status_code == 400, response.content
@@ -150,15 +157,9 @@ def test_a_crafted_pdparams_in_an_uploaded_archive_is_refused(client, team, erni
 
 
 @pytest.mark.parametrize("layout", ["zip", "legacy"])
-def test_a_crafted_pytorch_model_bin_is_refused(client, team, ernie, marker, layout):
-    config = json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2})
+def test_a_crafted_pytorch_model_bin_is_refused(client, team, paddle_base, marker, layout):
     weights = crafted_torch_zip(marker) if layout == "zip" else crafted_state(marker)
-    files = {
-        "model/config.json": config.encode(),
-        "model/vocab.txt": (ernie / "vocab.txt").read_bytes(),
-        "model/pytorch_model.bin": weights,
-    }
-    response = import_archive(client, team, tar_of(files), backend="torch")
+    response = import_torch_bin(client, team, paddle_base, weights)
     assert response.status_code == 400, response.content
     assert f"pytorch_model.bin asks for {SYSTEM}" in detail(response)
     assert not BaseModel.objects.exists()
@@ -257,32 +258,26 @@ ASKS_TOO_MUCH = {
 
 
 @pytest.mark.parametrize("attack", ASKS_TOO_MUCH)
-def test_a_checkpoint_asking_for_more_than_it_holds_is_refused(client, team, ernie, attack):
+def test_a_checkpoint_asking_for_more_than_it_holds_is_refused(client, team, paddle_base, attack):
     """A few bytes of pytorch_model.bin that would make the import allocate (or write)
     gigabytes, or tamper with the unpickler's own functions: 400 naming what was wrong."""
     from runtime import weights as converter
 
     crafted, message = ASKS_TOO_MUCH[attack]
-    config = json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2})
-    files = {
-        "model/config.json": config.encode(),
-        "model/vocab.txt": (ernie / "vocab.txt").read_bytes(),
-        "model/pytorch_model.bin": crafted,
-    }
-    response = import_archive(client, team, tar_of(files), backend="torch")
+    response = import_torch_bin(client, team, paddle_base, crafted)
     assert response.status_code == 400, response.content
     assert "pytorch_model.bin" in detail(response) and message in detail(response)
     assert not BaseModel.objects.exists()
     assert converter._rebuild_parameter.__defaults__ is None
 
 
-def test_links_in_a_server_directory_are_refused(team, owner, ernie):
+def test_links_in_a_server_directory_are_refused(team, owner, paddle_base):
     """A model directory under MODEL_IMPORT_DIR whose file links to the platform's secrets (or
     another team's model): copying it would follow the link into the team's model."""
     secret = settings.MODEL_IMPORT_DIR.parent / "secret_key"
     secret.write_text("the platform's secret")
     linked = settings.MODEL_IMPORT_DIR / "linked-ernie"
-    shutil.copytree(ernie, linked, dirs_exist_ok=True)
+    shutil.copytree(paddle_base, linked, dirs_exist_ok=True)
     (linked / "notes.txt").symlink_to(secret)
     try:
         with pytest.raises(Exception, match=r"notes\.txt is a symbolic link") as exc:
@@ -390,8 +385,8 @@ def test_an_imported_manifest_naming_a_path_outside_its_model_is_refused(client,
 # -- Archives -----------------------------------------------------------------------------------
 
 
-def test_a_zip_bomb_is_refused_before_it_is_extracted(client, team, ernie):
-    bomb = model_files(ernie) | {"model/padding.txt": b"\0" * (16 << 20)}
+def test_a_zip_bomb_is_refused_before_it_is_extracted(client, team, paddle_base):
+    bomb = model_files(paddle_base) | {"model/padding.txt": b"\0" * (16 << 20)}
     data = zip_of(bomb)
     assert len(data) < 1 << 20  # 16 MB of zeros pack into a few kilobytes
     response = import_archive(client, team, data, "model.zip")
@@ -400,14 +395,14 @@ def test_a_zip_bomb_is_refused_before_it_is_extracted(client, team, ernie):
     assert not BaseModel.objects.exists()
 
 
-def test_too_many_members_or_too_large_an_archive_is_refused(client, team, ernie, settings):
+def test_too_many_members_or_too_large_an_archive_is_refused(client, team, paddle_base, settings):
     settings.ARCHIVE_MAX_MEMBERS = 20
-    many = model_files(ernie) | {f"model/extra/{i}.txt": b"x" for i in range(30)}
+    many = model_files(paddle_base) | {f"model/extra/{i}.txt": b"x" for i in range(30)}
     response = import_archive(client, team, tar_of(many))
     assert response.status_code == 400 and "more than 20 files" in detail(response)
     settings.ARCHIVE_MAX_MEMBERS = 10000
     settings.ARCHIVE_MAX_UNCOMPRESSED_BYTES = 1 << 20
-    large = model_files(ernie) | {"model/noise.bin.txt": os.urandom(2 << 20)}
+    large = model_files(paddle_base) | {"model/noise.bin.txt": os.urandom(2 << 20)}
     response = import_archive(client, team, tar_of(large))
     assert response.status_code == 400 and "more than 1 MB" in detail(response)
     assert not BaseModel.objects.exists()
@@ -422,8 +417,10 @@ def test_too_many_members_or_too_large_an_archive_is_refused(client, team, ernie
     ],
     ids=["dotdot", "absolute", "symlink"],
 )
-def test_members_outside_the_archive_and_links_are_refused(client, team, ernie, fmt, files, links):
-    members = model_files(ernie) | files
+def test_members_outside_the_archive_and_links_are_refused(
+    client, team, paddle_base, fmt, files, links
+):
+    members = model_files(paddle_base) | files
     data = zip_of(members) if fmt == "zip" else tar_of(members, links)
     response = import_archive(client, team, data, f"model.{fmt}")
     assert response.status_code == 400, response.content
@@ -436,7 +433,7 @@ def test_members_outside_the_archive_and_links_are_refused(client, team, ernie, 
 
 @pytest.mark.django_db(transaction=True)
 def test_the_runner_never_unpickles_a_stored_pickle(
-    team, owner, reviews, train_worker, ernie, tmp_path
+    team, owner, reviews, train_worker, paddle_base, tmp_path
 ):
     """A base model stored before weights were converted (or put in storage by other means)
     with a crafted model_state.pdparams: the job fails, naming the pickle it will not load, and
@@ -447,7 +444,7 @@ def test_the_runner_never_unpickles_a_stored_pickle(
     drop.chmod(0o777)
     marker = drop / "marker"
     staged = tmp_path / "stored"
-    shutil.copytree(ernie, staged)
+    shutil.copytree(paddle_base, staged)
     (staged / "model_state.pdparams").write_bytes(crafted_state(marker))
     prefix = "base_models/crafted/"
     files = storage.store_dir(staged, prefix)
@@ -504,7 +501,7 @@ def test_the_generation_engine_never_unpickles_paddle_weights(tmp_path, marker):
     (export / "config.json").write_text(json.dumps(config))
     (export / "model_state.pdparams").write_bytes(crafted_state(marker))
     out = subprocess.run(
-        [str(RUNTIME_PY), "-c", GENERATE, str(export)],
+        [settings.TRAINING_PYTHON, "-c", GENERATE, str(export)],
         cwd=settings.BASE_DIR,
         env={"PYTHONPATH": str(settings.BASE_DIR), "PATH": "/usr/bin:/bin", "USE_TORCH": "0"},
         capture_output=True,
@@ -539,25 +536,13 @@ print("same")
 """
 
 
-def _runtime(script: str, *args: str) -> str:
-    return subprocess.run(
-        [str(RUNTIME_PY), "-c", script, *args],
-        cwd=settings.BASE_DIR,
-        env={"PYTHONPATH": str(settings.BASE_DIR), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    ).stdout
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_checkpoint_saved_by_torch_save_imports_as_safetensors_and_trains(
     team, owner, reviews, train_worker, tmp_path
 ):
     source = settings.MODEL_IMPORT_DIR / "bert-bin"
     if not source.exists():
-        _runtime(MAKE_HF_BIN, str(source), CHARS)
+        in_runtime(MAKE_HF_BIN, str(source), CHARS)
     assert (source / "pytorch_model.bin").is_file()
     model = base_model_import(
         actor=owner, team=team, name="bert-bin", backend="torch", path="bert-bin"
@@ -567,7 +552,9 @@ def test_a_checkpoint_saved_by_torch_save_imports_as_safetensors_and_trains(
     stored = tmp_path / "model.safetensors"
     with default_storage.open(model.storage_prefix + "model.safetensors", "rb") as f:
         stored.write_bytes(f.read())
-    assert _runtime(SAME_TENSORS, str(source / "pytorch_model.bin"), str(stored)).strip() == "same"
+    assert (
+        in_runtime(SAME_TENSORS, str(source / "pytorch_model.bin"), str(stored)).strip() == "same"
+    )
     job = training_job_submit(
         actor=owner,
         team=team,

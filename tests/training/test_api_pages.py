@@ -87,21 +87,19 @@ def test_a_viewer_reads_jobs_and_models_but_submits_nothing(client, team, make_u
 def test_the_console_submits_a_job_and_shows_it(client, team, owner, make_dataset):
     version = make_dataset()
     client.force_login(owner)
-    page = client.get(reverse("training:job_new", kwargs={"team": team.slug}))
+    new_job = reverse("training:job_new", kwargs={"team": team.slug})
+    page = client.get(new_job)
     assert "ernie-micro-char" in page.content.decode()
-    response = client.post(
-        reverse("training:job_new", kwargs={"team": team.slug}),
-        {
-            "dataset_version": version.pk,
-            "backend": "paddle",
-            "model": "preset:ernie-tiny-char",
-            "device_type": "cpu",
-            "device_count": 1,
-            "priority": 5,
-            "epochs": 3,
-            "metric": "macro_f1",
-        },
-    )
+    form = {
+        "dataset_version": version.pk,
+        "backend": "paddle",
+        "model": "preset:ernie-tiny-char",
+        "device_type": "cpu",
+        "device_count": 1,
+        "priority": 5,
+        "metric": "macro_f1",
+    }
+    response = client.post(new_job, {**form, "epochs": 3})
     job = TrainingJob.objects.get()
     assert response.status_code == 302 and response["Location"].endswith(f"/training/{job.pk}/")
     assert job.preset == "ernie-tiny-char" and job.hyperparameters["epochs"] == 3
@@ -112,19 +110,7 @@ def test_the_console_submits_a_job_and_shows_it(client, team, owner, make_datase
     listing = client.get(reverse("training:jobs", kwargs={"team": team.slug})).content.decode()
     assert job.name in listing
 
-    bad = client.post(
-        reverse("training:job_new", kwargs={"team": team.slug}),
-        {
-            "dataset_version": version.pk,
-            "backend": "paddle",
-            "model": "preset:ernie-tiny-char",
-            "device_type": "cpu",
-            "device_count": 1,
-            "priority": 5,
-            "learning_rate": 3,
-            "metric": "macro_f1",
-        },
-    )
+    bad = client.post(new_job, {**form, "learning_rate": 3})
     assert "0 &lt; learning_rate &lt; 1" in bad.content.decode()
 
 

@@ -5,7 +5,6 @@ import hashlib
 import io
 import json
 import shutil
-import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -17,61 +16,16 @@ from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from tests.helpers import FILLER, NEG, POS, wait_for
+from tests.helpers import CHARS, MAKE_HF, model_dir, wait_for
 from training.base_models import base_model_import, inspect_model_dir
 from training.jobs import training_job_submit
 from training.models import BaseModel
 
-RUNTIME_PY = Path(settings.TRAINING_PYTHON)
-CHARS = FILLER + "".join(POS + NEG) + "北京上海广州深圳物流快0123456789"
-
-# Run in the runtime venv (Paddle, transformers): a small pretrained-model layout on disk.
-MAKE_PADDLE = """
-import json, pathlib, sys
-from paddlenlp.transformers import ErnieConfig, ErnieModel
-from runtime.tokenizer import CharTokenizer
-d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True)
-tok = CharTokenizer.build([sys.argv[2]])
-tok.save(d / "vocab.txt")
-ErnieModel(ErnieConfig(vocab_size=len(tok.vocab), hidden_size=64, num_hidden_layers=2,
-           num_attention_heads=2, intermediate_size=128)).save_pretrained(str(d))
-(d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ErnieTokenizer"}))
-"""
-MAKE_HF = """
-import pathlib, sys
-from transformers import BertConfig, BertModel
-from runtime.tokenizer import CharTokenizer
-d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True)
-tok = CharTokenizer.build([sys.argv[2]])
-tok.save(d / "vocab.txt")
-BertModel(BertConfig(vocab_size=len(tok.vocab), hidden_size=64, num_hidden_layers=2,
-          num_attention_heads=2, intermediate_size=128)).save_pretrained(str(d))
-"""
-
-
-def _make(script: str, target: Path, env: dict | None = None) -> Path:
-    if not target.exists():
-        subprocess.run(
-            [str(RUNTIME_PY), "-c", script, str(target), CHARS],
-            check=True,
-            cwd=settings.BASE_DIR,
-            env={"PYTHONPATH": str(settings.BASE_DIR), "PATH": "/usr/bin:/bin", **(env or {})},
-            capture_output=True,
-            timeout=120,
-        )
-    return target
-
-
-@pytest.fixture(scope="session")
-def paddle_base(django_db_setup) -> Path:
-    """An ERNIE in PaddleNLP layout, under the import directory of the server."""
-    return _make(MAKE_PADDLE, settings.MODEL_IMPORT_DIR / "ernie-mini", {"USE_TORCH": "0"})
-
 
 @pytest.fixture(scope="session")
 def hf_base(django_db_setup) -> Path:
-    """A BERT in Hugging Face layout."""
-    return _make(MAKE_HF, settings.MODEL_IMPORT_DIR / "bert-mini")
+    """A BERT in Hugging Face layout, under the import directory of the server."""
+    return model_dir(MAKE_HF, "bert-mini", CHARS)
 
 
 def _archive(directory: Path, fmt: str) -> SimpleUploadedFile:

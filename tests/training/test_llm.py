@@ -4,11 +4,8 @@ backends, evaluated and exported; and what submission refuses."""
 
 import json
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.urls import reverse
@@ -99,44 +96,6 @@ def test_submission_refuses_what_cannot_train(team, owner, make_dataset):
         hyperparameters={"method": "full", "lora_target_modules": ["q_proj"], "packing": True},
     )
     assert job.hyperparameters["method"] == "full" and job.hyperparameters["packing"] is True
-
-
-# Run in the runtime venv: a tiny causal LM of the LLaMA architecture in each layout, with its
-# character tokenizer and chat template.
-MAKE_LLM = """
-import pathlib, sys
-from runtime.chat import build_char_tokenizer
-d = pathlib.Path(sys.argv[1]); backend = sys.argv[2]
-chars = "0123456789加等于几？。我不知道userassistantsystem"
-tok = build_char_tokenizer([chars], d)
-arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
-            num_attention_heads=4, intermediate_size=172, max_position_embeddings=512,
-            tie_word_embeddings=False, initializer_range=0.2, pad_token_id=0)
-if backend == "paddle":
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-    LlamaForCausalLM(LlamaConfig(use_flash_attention=False, **arch)).save_pretrained(str(d))
-else:
-    from transformers import LlamaConfig, LlamaForCausalLM
-    LlamaForCausalLM(LlamaConfig(**arch)).save_pretrained(str(d))
-"""
-
-
-@pytest.fixture(scope="session")
-def llm_dirs(django_db_setup) -> dict[str, Path]:
-    made = {}
-    for backend in ("paddle", "torch"):
-        target = settings.MODEL_IMPORT_DIR / f"tiny-llama-{backend}"
-        if not target.exists():
-            subprocess.run(
-                [str(settings.TRAINING_PYTHON), "-c", MAKE_LLM, str(target), backend],
-                check=True,
-                cwd=settings.BASE_DIR,
-                env={"PYTHONPATH": str(settings.BASE_DIR), "PATH": "/usr/bin:/bin"},
-                capture_output=True,
-                timeout=180,
-            )
-        made[backend] = target
-    return made
 
 
 @pytest.mark.django_db
