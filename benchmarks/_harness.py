@@ -125,7 +125,7 @@ def import_version(actor, team, data: bytes, fmt: str, mapping: dict, labels=LAB
     import job, splits 0.8/0.1/0.1), the import run in this process (eager Celery)."""
     from console.celery import app
     from labeling.datasets import dataset_create
-    from tests.helpers import start_import, upload_data
+    from tests.helpers.data import start_import, upload_data
 
     dataset = dataset_create(
         actor=actor, team=team, name="reviews", task_kind="text_classification", labels=labels

@@ -19,14 +19,7 @@ import numpy as np
 
 from runtime import data
 from runtime.backends import Emit
-from runtime.chat import (
-    ChatTokenizer,
-    SftExample,
-    build_char_tokenizer,
-    encode_row,
-    pack,
-    rouge_l,
-)
+from runtime.chat import ChatTokenizer, SftExample, build_char_tokenizer, encode_row, pack
 from runtime.loop import (
     BEST,
     CHECKPOINT,
@@ -36,6 +29,7 @@ from runtime.loop import (
     save_weights,
     step_done,
 )
+from runtime.metrics import rouge_l
 from runtime.spec import JobSpec
 
 TOKENIZER = "tokenizer"  # where a preset's character tokenizer is kept in the work directory

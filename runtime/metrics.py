@@ -1,8 +1,9 @@
-"""Evaluation metrics of a model's predictions against a dataset's rows (framework-free).
+"""Evaluation metrics of a model's predictions against a dataset's rows (framework-free), and
+the character-level ROUGE-L of a generation against its reference.
 
 Runs inside the training runner: numpy and seqeval only, no Django. Rows and predictions have
-the shapes of ``runtime.data``; every number returned is a Python float rounded to 6 decimals
-or a Python int, so the result is JSON-serialisable as it is.
+the shapes of ``runtime.data``; every number ``evaluate`` returns is a Python float rounded to
+6 decimals or a Python int, so the result is JSON-serialisable as it is.
 """
 
 from collections.abc import Iterable
@@ -214,3 +215,22 @@ def _ner(labels: list[str], gold: list[dict], predicted: list[dict]) -> dict:
         "support": micro["support"],
         "accuracy": accuracy,
     }
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """Character-level ROUGE-L F1: Chinese has no spaces to split words on."""
+    a = [c for c in candidate if not c.isspace()]
+    b = [c for c in reference if not c.isspace()]
+    if not a or not b:
+        return 0.0
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b, start=1):
+            current.append(previous[j - 1] + 1 if x == y else max(previous[j], current[j - 1]))
+        previous = current
+    lcs = previous[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(a), lcs / len(b)
+    return 2 * precision * recall / (precision + recall)

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.chat import ROLES, ChatTemplateError
+from runtime.chat import ROLES
+from runtime.chat_template import ChatTemplateError
 from runtime.generation import GenerationRequest
 from serving.generative import GenerativeRevision
 from serving.revision import PredictError

@@ -9,16 +9,9 @@ from django.utils import translation
 
 from console.models import Membership, Team
 from console.roles import Role
-from tests.helpers import (
-    CHARS,
-    MAKE_LLM,
-    MAKE_PADDLE,
-    SmallDisk,
-    model_dir,
-    start_train_worker,
-    start_worker,
-    stop_worker,
-)
+from tests.helpers.models import CHARS, MAKE_LLM, MAKE_PADDLE, model_dir
+from tests.helpers.system import SmallDisk
+from tests.helpers.workers import start_train_worker, start_worker, stop_worker
 
 # tests/runtime runs in the runtime venv (make test), without Django.
 collect_ignore = ["runtime"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers.system import ROOT
 
 BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").glob("[!_]*.py"))
 

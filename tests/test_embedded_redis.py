@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers.system import ROOT
 
 SCRIPT = str(ROOT / "platform" / "embedded_redis.py")
 PING = (

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from console import health
 from console.tasks import beat_heartbeat
-from tests.helpers import ROOT
+from tests.helpers.system import ROOT
 
 
 def test_database_and_redis_are_alive(db):

@@ -7,7 +7,7 @@ import pytest
 from babel.messages.pofile import read_po
 from django.urls import reverse
 
-from tests.helpers import ROOT
+from tests.helpers.system import ROOT
 
 CATALOG = ROOT / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po"
 

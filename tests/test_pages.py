@@ -5,7 +5,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from tests.helpers import routes
+from tests.helpers.routes import routes
 
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["'](?:https?:)?//""", re.I)
 PAGES = [

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from runtime.net import free_port
-from tests.helpers import ROOT
+from tests.helpers.system import ROOT
 
 
 def pg_bin() -> Path | None:
@@ -252,7 +252,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from console.models import Team
 from labeling.datasets import dataset_create
-from tests.helpers import make_jsonl_version, rows_for
+from tests.helpers.data import make_jsonl_version, rows_for
 from training.jobs import training_job_submit
 
 user = get_user_model().objects.get(username="pg-owner")
@@ -274,7 +274,7 @@ print(job.pk)
 def test_a_training_job_running_through_a_postgres_restart_finishes(
     own_postgres, platform_env, console_on_own_postgres
 ):
-    from tests.helpers import start_train_worker, stop_worker
+    from tests.helpers.workers import start_train_worker, stop_worker
 
     assert console_on_own_postgres[1] == "pg"  # the team of TRAINING_SETUP
     job_id = int(manage(platform_env, "shell", "-c", TRAINING_SETUP).split()[-1])

@@ -1,7 +1,7 @@
 """Every route of the platform, enumerated from the URLconf, so that a route added later is
 covered without a new test: login is required, another team's objects are 404, viewers cannot
-write. A new URL argument must be given a factory in ``tests.helpers.object_factories``; until
-then these tests fail and name it."""
+write. A new URL argument must be given a factory in
+``tests.helpers.routes.object_factories``; until then these tests fail and name it."""
 
 from dataclasses import dataclass
 
@@ -11,7 +11,7 @@ from django.urls import reverse
 from console import services
 from console.models import Membership
 from console.roles import Role
-from tests.helpers import Route, object_factories, routes
+from tests.helpers.routes import Route, object_factories, routes
 
 # Routes anyone may call without logging in.
 PUBLIC = {"console:login", "console:logout", "set_language", "labeling:label_studio_webhook"}

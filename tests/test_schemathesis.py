@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 from console import services
 from console.roles import Role
 from console.wsgi import application
-from tests.helpers import object_factories
+from tests.helpers.routes import object_factories
 
 # Operations whose documented answer may be a 5xx here, each with the reason; the answer must
 # still be one the schema documents, in its documented shape.

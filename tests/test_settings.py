@@ -6,7 +6,7 @@ import dj_database_url
 import pytest
 from django.conf import settings
 
-from tests.helpers import ROOT
+from tests.helpers.system import ROOT
 
 
 def load_settings(env: dict) -> subprocess.CompletedProcess:

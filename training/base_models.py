@@ -216,7 +216,8 @@ def _inspect_causal_lm(directory: Path, backend: str, config: dict) -> dict:
                 "chat_template in tokenizer_config.json); none is assumed."
             )
         )
-    from runtime.chat import ChatTemplateError, check_template
+    from runtime.chat import check_template
+    from runtime.chat_template import ChatTemplateError
 
     try:
         check_template(directory)  # a template that loops for ever is refused here

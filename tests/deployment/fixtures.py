@@ -12,7 +12,8 @@ import pytest
 import requests
 from django.conf import settings
 
-from tests.helpers import ROOT, rows_for
+from tests.helpers.data import rows_for
+from tests.helpers.system import ROOT
 
 LABELS = {
     "text_classification": ["正面", "负面"],

@@ -5,7 +5,7 @@ from django.urls import reverse
 
 from console.services import api_token_create
 from deployment.models import Endpoint, Revision
-from tests.helpers import converge
+from tests.helpers.serving import converge
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from deployment.rollout import (
     revision_add,
     revision_promote,
 )
-from tests.helpers import converge
+from tests.helpers.serving import converge
 from training.registry import model_version_delete
 
 

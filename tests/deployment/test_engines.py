@@ -9,7 +9,7 @@ import socket
 import openai
 import pytest
 
-from tests.helpers import conversation, load, openai_client, route
+from tests.helpers.serving import conversation, load, openai_client, route
 
 
 def test_an_engine_revision_serves_through_the_engines_own_server(fresh_host, llm_exports):

@@ -10,7 +10,15 @@ import openai
 import pytest
 import requests
 
-from tests.helpers import KEY, bare_generate, converge, conversation, load, openai_client, route
+from tests.helpers.serving import (
+    KEY,
+    bare_generate,
+    converge,
+    conversation,
+    load,
+    openai_client,
+    route,
+)
 
 QUESTIONS = [f"{a}加{b}等于几？" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4))]
 

@@ -11,13 +11,9 @@ from labeling import label_studio
 from labeling.datasets import dataset_create
 from labeling.models import Annotation
 from labeling.projects import labeling_project_create
-from tests.helpers import (
-    converge,
-    make_version,
-    needs_label_studio,
-    push_project,
-    reviews_dataset,
-)
+from tests.helpers.data import make_version, reviews_dataset
+from tests.helpers.label_studio import needs_label_studio, push_project
+from tests.helpers.serving import converge
 
 pytestmark = needs_label_studio
 
@@ -83,7 +79,7 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
 ):
     """Instruction rows that await a response get the deployed chat model's draft as a
     prediction in Label Studio; the annotator's correction is what the export keeps."""
-    from tests.helpers import make_jsonl_version
+    from tests.helpers.data import make_jsonl_version
 
     dataset = dataset_create(actor=owner, team=team, name="问答", task_kind="instruction")
     rows = [

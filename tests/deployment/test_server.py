@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.helpers import KEY, KEY_HASH, bare_predict, load, route
+from tests.helpers.serving import KEY, KEY_HASH, bare_predict, load, route
 
 
 def keys_with(key: str, rate_per_s: float) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from console.models import AuditEvent, Membership
-from tests.helpers import admin_creates_team, login, shot
+from tests.helpers.browser import admin_creates_team, login, shot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

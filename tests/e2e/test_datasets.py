@@ -7,7 +7,7 @@ from playwright.sync_api import Page, expect
 from console.models import Membership
 from console.roles import Role
 from labeling.models import DatasetVersion
-from tests.helpers import login, new_dataset, shot, upload_gbk_csv
+from tests.helpers.browser import login, new_dataset, shot, upload_gbk_csv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

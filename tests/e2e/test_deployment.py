@@ -6,7 +6,7 @@ import pytest
 import requests
 from playwright.sync_api import Page, expect
 
-from tests.helpers import login, shot, wait_endpoint_ready
+from tests.helpers.browser import login, shot, wait_endpoint_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -22,12 +22,11 @@ from deployment.models import Endpoint
 from deployment.reconcile import endpoints_reconcile
 from labeling import label_studio
 from labeling.models import DatasetVersion, LabelingProject
-from tests.helpers import (
+from tests.helpers.browser import (
     admin_creates_team,
     deploy,
     export_labeled,
     login,
-    needs_label_studio,
     new_dataset,
     new_labeling_project,
     new_user_page,
@@ -38,6 +37,7 @@ from tests.helpers import (
     upload_gbk_csv,
     wait_endpoint_ready,
 )
+from tests.helpers.label_studio import needs_label_studio
 from training.models import TrainingJob
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), needs_label_studio]

@@ -7,17 +7,16 @@ from playwright.sync_api import Page, expect
 
 from console.roles import Role
 from labeling.models import DatasetVersion, LabelingProject
-from tests.helpers import (
+from tests.helpers.browser import (
     export_labeled,
     login,
-    make_version,
-    needs_label_studio,
     new_labeling_project,
     new_user_page,
     open_label_studio,
-    reviews_dataset,
     shot,
 )
+from tests.helpers.data import make_version, reviews_dataset
+from tests.helpers.label_studio import needs_label_studio
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), needs_label_studio]
 

@@ -10,19 +10,18 @@ from playwright.sync_api import Page, expect
 from console.roles import Role
 from labeling.datasets import dataset_create
 from labeling.models import DatasetVersion, LabelingProject
-from tests.helpers import (
+from tests.helpers.browser import (
     deploy,
     export_labeled,
     login,
-    make_jsonl_version,
-    needs_label_studio,
     new_labeling_project,
     new_user_page,
     open_label_studio,
-    rows_for,
     shot,
     submit_job,
 )
+from tests.helpers.data import make_jsonl_version, rows_for
+from tests.helpers.label_studio import needs_label_studio
 from training.models import TrainingJob
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), needs_label_studio]

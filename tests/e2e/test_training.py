@@ -6,7 +6,8 @@ from playwright.sync_api import Page, expect
 
 from console.roles import Role
 from labeling.datasets import dataset_create
-from tests.helpers import login, make_jsonl_version, open_report, rows_for, shot, submit_job
+from tests.helpers.browser import login, open_report, shot, submit_job
+from tests.helpers.data import make_jsonl_version, rows_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

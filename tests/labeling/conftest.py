@@ -1,11 +1,11 @@
 import pytest
 
-from tests.helpers import csv_data
+from tests.helpers.data import csv_data
 
 
 @pytest.fixture
 def csv_bytes():
-    """tests.helpers.csv_data: ``rows`` as the bytes of a CSV file."""
+    """tests.helpers.data.csv_data: ``rows`` as the bytes of a CSV file."""
     return csv_data
 
 

@@ -14,7 +14,7 @@ from console.roles import Role
 from labeling.datasets import upload_write_chunk
 from labeling.imports import import_run
 from labeling.models import DatasetVersion, ImportJob, Upload
-from tests.helpers import import_file, make_version, reviews_dataset
+from tests.helpers.data import import_file, make_version, reviews_dataset
 
 GBK_CSV = "评论,标签\n房间很干净,正面\n早餐太差,负面\n服务热情,正面\n服务热情,正面\n,负面\n".encode(
     "gbk"

@@ -11,7 +11,7 @@ from labeling.consensus import cohen_kappa, resolve
 from labeling.exports import labeling_project_export
 from labeling.imports import import_run
 from labeling.sync import labeling_project_sync
-from tests.helpers import (
+from tests.helpers.label_studio import (
     choice,
     member_account,
     needs_label_studio,

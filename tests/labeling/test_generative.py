@@ -11,7 +11,7 @@ import pytest
 from labeling import consensus, task_kinds
 from labeling.pipeline import ImportOptions, run_import
 from labeling.task_kinds.base import RowError
-from tests.helpers import needs_label_studio
+from tests.helpers.label_studio import needs_label_studio
 
 
 def jsonl(records: list[dict]) -> bytes:
@@ -215,7 +215,8 @@ def test_responses_and_choices_made_in_label_studio_export_as_versions(owner, te
     from labeling.exports import labeling_project_export
     from labeling.imports import import_run
     from labeling.sync import labeling_project_sync
-    from tests.helpers import annotate, make_jsonl_version, push_project, region, task_ids
+    from tests.helpers.data import make_jsonl_version
+    from tests.helpers.label_studio import annotate, push_project, region, task_ids
 
     def exported_rows(kind: str, row: dict, result: list[dict]) -> list[dict]:
         """The export of a labeling project of ``row`` (in a new dataset of ``kind``), once an

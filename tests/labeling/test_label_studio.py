@@ -8,7 +8,7 @@ from django.test import override_settings
 
 from labeling import label_studio, task_kinds
 from runtime.kinds import TaskKind
-from tests.helpers import needs_label_studio
+from tests.helpers.label_studio import needs_label_studio
 
 
 @needs_label_studio
@@ -54,7 +54,7 @@ def test_label_configs_escape_labels_and_give_hotkeys():
 def test_label_studio_down_is_reported_with_what_waits(owner, team):
     from labeling.datasets import dataset_create
     from labeling.projects import labeling_project_create
-    from tests.helpers import make_version
+    from tests.helpers.data import make_version
 
     check = label_studio.check_health()
     assert not check.ok and "127.0.0.1:1" in check.detail and "waiting" not in check.detail

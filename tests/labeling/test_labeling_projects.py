@@ -15,15 +15,8 @@ from labeling.projects import (
     labeling_project_set_labels,
 )
 from labeling.sync import labeling_project_sync
-from tests.helpers import (
-    annotate,
-    choice,
-    make_jsonl_version,
-    make_version,
-    needs_label_studio,
-    push_project,
-    reviews_dataset,
-)
+from tests.helpers.data import make_jsonl_version, make_version, reviews_dataset
+from tests.helpers.label_studio import annotate, choice, needs_label_studio, push_project
 
 pytestmark = needs_label_studio
 

@@ -12,14 +12,8 @@ import pytest
 from labeling import label_studio
 from labeling.models import Annotation
 from labeling.sync import labeling_project_sync
-from tests.helpers import (
-    choice,
-    make_version,
-    needs_label_studio,
-    push_project,
-    reviews_dataset,
-    task_ids,
-)
+from tests.helpers.data import make_version, reviews_dataset
+from tests.helpers.label_studio import choice, needs_label_studio, push_project, task_ids
 
 pytestmark = needs_label_studio
 

@@ -8,7 +8,7 @@ from django.core.files.storage import default_storage
 from labeling.datasets import dataset_create
 from labeling.imports import import_run
 from labeling.models import DatasetVersion
-from tests.helpers import make_version, start_import, upload_data
+from tests.helpers.data import make_version, start_import, upload_data
 
 pytestmark = pytest.mark.django_db
 

@@ -14,14 +14,12 @@ from labeling.projects import (
 )
 from labeling.selectors import labeling_projects_to_push
 from labeling.sync import labeling_project_sync
-from tests.helpers import (
+from tests.helpers.data import make_jsonl_version, make_version, reviews_dataset
+from tests.helpers.label_studio import (
     choice,
-    make_jsonl_version,
-    make_version,
     member_account,
     needs_label_studio,
     push_project,
-    reviews_dataset,
     reviews_project,
     task_ids,
 )

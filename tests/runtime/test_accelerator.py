@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 import runtime.run as runner  # noqa: E402
 from runtime.backends.torch import TorchOps  # noqa: E402
-from tests.helpers import make_workdir  # noqa: E402
+from tests.helpers.workdir import make_workdir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

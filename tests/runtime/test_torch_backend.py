@@ -21,7 +21,7 @@ from runtime.inference import Predictor, read_manifest
 from runtime.loop import BEST, predict_rows
 from runtime.spec import JobSpec
 from runtime.tokenizer import CharTokenizer
-from tests.helpers import TOPIC_LABELS, make_workdir
+from tests.helpers.workdir import TOPIC_LABELS, make_workdir
 
 CLASSIFICATION_KEYS = {"accuracy", "macro_f1", "micro_f1", "weighted_f1", "per_label", "support"}
 METRIC_KEYS = {

@@ -27,7 +27,7 @@ from labeling.projects import (
     labeling_project_webhook_register,
 )
 from labeling.sync import label_studio_members_converge, labeling_project_sync
-from tests.helpers import choice, needs_label_studio, reviews_project, task_ids
+from tests.helpers.label_studio import choice, needs_label_studio, reviews_project, task_ids
 
 pytestmark = needs_label_studio
 

@@ -23,7 +23,8 @@ from console.roles import Role
 from console.services import api_token_create
 from labeling.datasets import dataset_create, staging_path
 from labeling.models import Dataset, Upload
-from tests.helpers import make_jsonl_version, rows_for, wait_for
+from tests.helpers.data import make_jsonl_version, rows_for
+from tests.helpers.jobs import wait_for
 from training.models import BaseModel, TrainingJob
 from training.supervision import job_workdir
 

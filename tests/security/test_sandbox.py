@@ -15,8 +15,11 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from runtime import sandbox
-from runtime.chat import ChatTemplateError, ChatTokenizer
-from tests.helpers import KEY, load, make_jsonl_version, route, rows_for, wait_for
+from runtime.chat import ChatTokenizer
+from runtime.chat_template import ChatTemplateError
+from tests.helpers.data import make_jsonl_version, rows_for
+from tests.helpers.jobs import wait_for
+from tests.helpers.serving import KEY, load, route
 from training.base_models import inspect_model_dir
 from training.jobs import training_job_cancel, training_job_submit
 from training.launch import runner_popen_args, runner_sandbox

@@ -24,7 +24,9 @@ from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from tests.helpers import CHARS, in_runtime, log_of, make_jsonl_version, rows_for, wait_for
+from tests.helpers.data import make_jsonl_version, rows_for
+from tests.helpers.jobs import log_of, wait_for
+from tests.helpers.models import CHARS, in_runtime
 from training import storage
 from training.base_models import base_model_import
 from training.jobs import training_job_submit

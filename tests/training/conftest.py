@@ -1,6 +1,6 @@
 import pytest
 
-from tests.helpers import version_for
+from tests.helpers.data import version_for
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from django.urls import reverse
 from console.models import Membership
 from console.roles import Role
 from console.services import api_token_create
-from tests.helpers import stored_model
+from tests.helpers.models import stored_model
 from training.models import TrainingEvent, TrainingJob
 
 EVALUATION = {

@@ -16,7 +16,8 @@ from django.core.files.storage import default_storage
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from tests.helpers import CHARS, MAKE_HF, model_dir, wait_for
+from tests.helpers.jobs import wait_for
+from tests.helpers.models import CHARS, MAKE_HF, model_dir
 from training.base_models import base_model_import, inspect_model_dir
 from training.jobs import training_job_submit
 from training.models import BaseModel

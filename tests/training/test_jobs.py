@@ -10,7 +10,7 @@ import pytest
 from django.core.files.storage import default_storage
 from django.db import transaction
 
-from tests.helpers import log_of, losses, wait_for
+from tests.helpers.jobs import log_of, losses, wait_for
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import ModelVersion, TrainingJob
 from training.supervision import job_workdir

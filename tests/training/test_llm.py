@@ -10,7 +10,8 @@ from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.urls import reverse
 
-from tests.helpers import rows_for, wait_for
+from tests.helpers.data import rows_for
+from tests.helpers.jobs import wait_for
 from training.base_models import base_model_from_version, base_model_import, inspect_model_dir
 from training.jobs import training_job_submit
 from training.models import ModelVersion
@@ -212,7 +213,7 @@ def test_the_memory_estimate_of_a_7b_model():
 @pytest.mark.django_db
 def test_rows_over_the_token_limit_are_counted_at_submission(team, owner, make_dataset, client):
     from labeling.datasets import dataset_create
-    from tests.helpers import make_jsonl_version
+    from tests.helpers.data import make_jsonl_version
 
     rows, mapping = rows_for("instruction", 40)
     long_answer = "这是一个很长的回答，" * 10

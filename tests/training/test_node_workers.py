@@ -11,7 +11,8 @@ import pytest
 from django.db import transaction
 
 from console.models import Node
-from tests.helpers import log_of, losses, start_train_worker, stop_worker, wait_for
+from tests.helpers.jobs import log_of, losses, wait_for
+from tests.helpers.workers import start_train_worker, stop_worker
 from training.jobs import training_job_cancel, training_job_submit
 from training.models import TrainingJob
 

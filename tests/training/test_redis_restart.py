@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from tests.helpers import ROOT, start_train_worker, stop_worker, suite_database_url, wait_for
+from tests.helpers.jobs import wait_for
+from tests.helpers.system import ROOT
+from tests.helpers.workers import start_train_worker, stop_worker, suite_database_url
 from training.models import TrainingJob
 
 pytestmark = pytest.mark.django_db(transaction=True)

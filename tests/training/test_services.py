@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from console import hardware
 from console.services import node_register
-from tests.helpers import stored_model
+from tests.helpers.models import stored_model
 from training.jobs import (
     training_job_cancel,
     training_job_clone,

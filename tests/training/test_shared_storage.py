@@ -23,14 +23,10 @@ import pytest
 from django.db import transaction
 
 from runtime.net import free_port
-from tests.helpers import (
-    ROOT,
-    make_jsonl_version,
-    rows_for,
-    start_train_worker,
-    stop_worker,
-    wait_for,
-)
+from tests.helpers.data import make_jsonl_version, rows_for
+from tests.helpers.jobs import wait_for
+from tests.helpers.system import ROOT
+from tests.helpers.workers import start_train_worker, stop_worker
 from training.jobs import training_job_submit
 from training.models import ModelVersion
 

@@ -7,7 +7,8 @@ import os
 import pytest
 from django.db import transaction
 
-from tests.helpers import start_train_worker, stop_worker, wait_for
+from tests.helpers.jobs import wait_for
+from tests.helpers.workers import start_train_worker, stop_worker
 from training.jobs import training_job_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
