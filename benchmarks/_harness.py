@@ -223,6 +223,12 @@ def write_splits(workdir: Path, splits: dict[str, list[dict]]) -> None:
 def run_job(workdir: Path, timeout: float = 900) -> Path:
     """The job runner (``python -m runtime.run``) on the spec and data in ``workdir``; its
     export directory."""
+    run_events(workdir, timeout)
+    return workdir / "export"
+
+
+def run_events(workdir: Path, timeout: float = 900) -> list[dict]:
+    """The job runner on ``workdir``, as ``run_job``; the events it reported."""
     proc = subprocess.run(
         [runtime_python(), "-m", "runtime.run", str(workdir)],
         cwd=ROOT,
@@ -234,7 +240,12 @@ def run_job(workdir: Path, timeout: float = 900) -> Path:
     )
     if proc.returncode:
         sys.exit(f"training failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    return workdir / "export"
+    prefix = "@@event "  # runtime.run.EVENT_PREFIX (this venv need not import the runtime)
+    return [
+        json.loads(line[len(prefix) :])
+        for line in proc.stdout.splitlines()
+        if line.startswith(prefix)
+    ]
 
 
 def train_export(workdir: Path, rows: list[dict], epochs: int) -> Path:

@@ -25,6 +25,7 @@ app.conf.task_routes = {
     "console.tasks.*": {"queue": "default"},
     "labeling.tasks.*": {"queue": "default"},
     "training.tasks.reconcile_training_jobs": {"queue": "default"},
+    "training.tasks.advance_sweep": {"queue": "default"},
     "training.tasks.run_training_job": {"queue": "train.cpu"},
     "deployment.tasks.*": {"queue": "default"},
 }

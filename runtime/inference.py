@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from runtime.data import Example, LabelSpace, collate, decode, encode
+from runtime.data import LabelSpace, predict
 from runtime.tokenizer import CharTokenizer
 
 MANIFEST = "manifest.json"
@@ -42,7 +42,7 @@ def write_manifest(out_dir: Path, **fields) -> dict:
 
 
 # Manifest fields that name a file or folder of the export.
-PATH_FIELDS = ("model_file", "params_file", "config_file", "adapter_dir")
+PATH_FIELDS = ("model_file", "params_file", "config_file", "adapter_dir", "crf_file")
 
 
 def check_manifest_paths(manifest: dict) -> None:
@@ -138,13 +138,32 @@ RUNTIMES: dict[str, Runtime] = {
 class Predictor:
     """Inputs in, predictions out (``runtime.data`` documents their shape)."""
 
-    def __init__(self, manifest: dict, tokenizer: CharTokenizer, run) -> None:
+    def __init__(
+        self,
+        manifest: dict,
+        tokenizer: CharTokenizer,
+        run,
+        transitions: np.ndarray | None = None,
+    ) -> None:
         self.manifest = manifest
         self.tokenizer = tokenizer
         self.space = LabelSpace(manifest["task_kind"], tuple(manifest["labels"]))
         self.max_length = int(manifest["max_length"])
         self.threshold = float(manifest.get("threshold", 0.5))
         self._run = run
+        self.transitions = transitions
+
+    @staticmethod
+    def read_transitions(export_dir: Path, manifest: dict) -> np.ndarray | None:
+        """A CRF tagger's transitions ([C, C]), which ``crf_file`` holds as JSON."""
+        name = manifest.get("crf_file")
+        if not name:
+            return None
+        matrix = np.asarray(json.loads((export_dir / name).read_text("utf-8")), dtype="float64")
+        tags = len(LabelSpace(manifest["task_kind"], tuple(manifest["labels"])).tags)
+        if matrix.shape != (tags, tags):
+            raise ValueError(f"{name} is not a {tags}×{tags} matrix of tag transitions")
+        return matrix
 
     @classmethod
     def load(cls, export_dir: str | Path, device: str = "cpu") -> "Predictor":
@@ -154,16 +173,23 @@ class Predictor:
         if runtime is None:
             raise ValueError(f"unknown runtime {manifest['runtime']!r} in the manifest")
         tokenizer = CharTokenizer.from_file(export_dir / manifest["tokenizer"]["vocab"])
-        return cls(manifest, tokenizer, runtime(export_dir, manifest, device))
+        return cls(
+            manifest,
+            tokenizer,
+            runtime(export_dir, manifest, device),
+            cls.read_transitions(export_dir, manifest),
+        )
 
     def predict(self, items: list, batch_size: int = 32) -> list[dict]:
-        out: list[dict] = []
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            encs = [
-                encode(self.tokenizer, self.space.task_kind, it, self.max_length) for it in chunk
-            ]
-            feed = collate([Example(e, None) for e in encs], self.tokenizer.pad_id)
-            logits = self._run(feed)
-            out.extend(decode(self.space, np.asarray(logits), encs, chunk, self.threshold))
-        return out
+        """``batch_size`` windows a model call; a long text is read in several
+        (``data.predict``)."""
+        return predict(
+            self._run,
+            self.tokenizer,
+            self.space,
+            items,
+            self.max_length,
+            self.threshold,
+            self.transitions,
+            batch_size,
+        )

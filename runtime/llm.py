@@ -23,7 +23,9 @@ from runtime.chat import ChatTokenizer, SftExample, build_char_tokenizer, encode
 from runtime.loop import (
     BEST,
     CHECKPOINT,
+    Budget,
     _recover,
+    ended_early,
     learning_rate,
     resume_state,
     save_weights,
@@ -203,6 +205,15 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
     _recover(workdir / BEST)
     ops.build(spec, tok)
     state = resume_state(ops, checkpoint, emit)
+    budget = Budget(
+        spec,
+        state,
+        emit,
+        per_epoch=per_epoch,
+        total=total,
+        test_share=len(examples["test"]) / len(examples["dev"]) if examples["dev"] else 0.0,
+        started=started,
+    )
 
     reference = {}
     if objective == "dpo":
@@ -213,17 +224,37 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
             np.save(tmp / REFERENCE, reference["train"])
 
     def save_checkpoint() -> None:
+        state["elapsed_s"] = round(budget.elapsed(), 3)
         save_weights(ops, checkpoint, state, with_optimizer=True, more=save_reference)
         emit("checkpoint", step=state["step"], epoch=state["epoch"])
 
     def save_best() -> None:
         save_weights(ops, workdir / BEST, {"step": state["step"]})
 
+    def probe_eval() -> float:
+        """An epoch end's seconds before one was measured: the loss of a few dev examples
+        (scaled to the split), and a checkpoint (a real one, of this step)."""
+        t0 = time.perf_counter()
+        dev = examples["dev"]
+        sample = dev[: hp.batch_size * 2]
+        if sample:
+            ref = reference.get("dev")
+            ref = None if ref is None else ref[: len(sample)]
+            _loss_metrics(ops, objective, sample, ref, tok, hp)
+        predicted = (time.perf_counter() - t0) * len(dev) / max(1, len(sample))
+        t0 = time.perf_counter()
+        state["epoch"] = epoch  # mid-epoch, as step_done saves one
+        save_checkpoint()
+        return predicted + time.perf_counter() - t0
+
     emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))
     collate = collate_sft if objective == "sft" else collate_dpo
     order = list(range(len(train)))
     samples, busy = 0, 0.0
+    stopped = False
     for epoch in range(state["epoch"], hp.epochs):
+        if state["step"] >= budget.total:
+            break
         skip = state["step"] - epoch * per_epoch
         last_report = 0.0
         rng = np.random.default_rng(hp.seed + epoch)
@@ -234,6 +265,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
         for s in range(per_epoch):
             if s < skip:
                 continue
+            if state["step"] >= budget.total:
+                break
             t0 = time.perf_counter()
             figures: dict[str, float] = {}
             for group in groups[s * accum : (s + 1) * accum]:
@@ -246,14 +279,14 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
                 for k, v in out.items():
                     figures[k] = figures.get(k, 0.0) + v / accum
                 samples += len(group)
-            ops.update(learning_rate(spec, state["step"], total))
+            ops.update(learning_rate(spec, state["step"], budget.total))
             busy += time.perf_counter() - t0
             last_report = step_done(
                 emit,
                 spec,
                 state,
                 loss=figures["loss"],
-                total=total,
+                total=budget.total,
                 epoch=epoch,
                 last_of_epoch=s == per_epoch - 1,
                 samples=samples,
@@ -261,8 +294,11 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
                 per_step=hp.batch_size * accum,
                 last_report=last_report,
                 save_checkpoint=save_checkpoint,
+                epochs=budget.epochs(),
             )
+            budget.stepped(state, time.perf_counter() - t0, probe_eval)
         state["epoch"] = epoch + 1
+        ending = time.perf_counter()
         if examples["dev"]:
             metrics = _loss_metrics(ops, objective, examples["dev"], reference.get("dev"), tok, hp)
             state["history"].append({"step": state["step"], "epoch": epoch + 1, **metrics})
@@ -277,15 +313,21 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
             state["best_step"] = state["step"]
             save_best()
         save_checkpoint()
+        budget.evaluated(time.perf_counter() - ending)
+        budget.plan(state, probe_eval)
         if hp.early_stopping_patience and state["bad_evals"] >= hp.early_stopping_patience:
             emit(
                 "log",
                 message=f"early stopping after epoch {epoch + 1}: the dev loss has not "
                 f"improved for {state['bad_evals']} evaluations",
             )
+            stopped = True
             break
     if not (workdir / BEST / "state.json").exists():
         save_best()
+    if not stopped:
+        budget.stopped(state)
+    ended_early(emit, state, total, samples, busy)
     state["samples_per_s"] = round(samples / busy, 2) if busy else None
     state["peak_memory_mb"] = ops.peak_memory_mb()
 

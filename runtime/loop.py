@@ -4,9 +4,13 @@ the events the console shows. A backend supplies only a ``ModelOps``: how its fr
 steps, predicts, saves and loads a model.
 
 Resume: ``checkpoint/`` holds the weights, the optimizer and ``state.json`` (epoch, step, best
-metric, history). A job started again after its worker died goes on from that step: the batches
-of each epoch are shuffled by ``seed + epoch``, so the skipped ones are exactly those already
-trained on.
+metric, history, the seconds spent and the steps a time budget planned). A job started again
+after its worker died goes on from that step: the batches of each epoch are shuffled by
+``seed + epoch``, so the skipped ones are exactly those already trained on.
+
+Time budget (``max_minutes``): after a short warm-up the loop measures the seconds a step and a
+dev evaluation take and plans the steps that fit (``plan_steps``); they become the schedule's
+total, so the learning rate decays to zero within the budget, and the best weights are exported.
 """
 
 import errno
@@ -52,6 +56,158 @@ def learning_rate(spec: JobSpec, step: int, total: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * max(0.0, (total - step) / max(1, total - warmup))
+
+
+def plan_steps(
+    *,
+    budget_s: float,
+    elapsed_s: float,
+    step_s: float,
+    eval_s: float,
+    reserve_s: float,
+    done: int,
+    per_epoch: int,
+    total: int,
+) -> int:
+    """The step training may go on to within a time budget of ``budget_s`` seconds, of which
+    ``elapsed_s`` are spent and ``reserve_s`` are kept for the export and the test evaluation:
+    from step ``done``, steps of ``step_s`` seconds, and an epoch's end of ``eval_s`` (the dev
+    evaluation and the checkpoints) after each epoch (of ``per_epoch`` steps) and where training
+    stops within an epoch. At most ``total`` (every epoch), at least ``done``."""
+    left = budget_s - elapsed_s - reserve_s
+    step = done
+    while step < total:
+        epoch_end = min(total, (step // per_epoch + 1) * per_epoch)
+        cost = (epoch_end - step) * step_s + eval_s
+        if cost <= left:
+            left -= cost
+            step = epoch_end
+            continue
+        # Part of this epoch, then the evaluation where it stops.
+        if step_s > 0:
+            step += max(0, int((left - eval_s) / step_s))
+        break
+    return step
+
+
+class Budget:
+    """A job's time budget (``max_minutes``) as a loop spends it. The loop reports each step's
+    seconds (``stepped``) and each epoch end's (``evaluated``: the dev evaluation and the
+    checkpoints); once a warm-up is measured (``WARMUP_STEPS`` steps or ``WARMUP_S`` seconds,
+    the first step of an attempt left out: it compiles and allocates), ``total`` becomes the
+    steps that fit, planned again at each epoch's end from what was measured so far. A step past
+    the budget (the throughput fell) cuts training there. The seconds spent count over resumed
+    attempts (``state["elapsed_s"]``); a budget of 0 plans nothing."""
+
+    WARMUP_STEPS, WARMUP_S = 10, 5.0
+    # Kept for the export and the test evaluation: this share of the budget, and the test
+    # split's evaluation estimated from the dev split's.
+    RESERVE = 0.1
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        state: dict[str, Any],
+        emit: Emit,
+        *,
+        per_epoch: int,
+        total: int,
+        test_share: float,
+        started: float,
+        agree: Callable[[float], float] = float,
+    ) -> None:
+        # ``agree``: the largest of a figure over the processes of a multi-device job, so that
+        # all plan and stop alike.
+        self.agree = agree
+        self.budget_s = spec.hp.max_minutes * 60
+        self.emit, self.per_epoch, self.full = emit, per_epoch, total
+        self.test_share = test_share
+        self.started, self.spent_before = started, float(state.get("elapsed_s") or 0.0)
+        self.total = min(total, state.get("planned_steps") or total) if self.budget_s else total
+        self.planned = False
+        self.cut = False
+        self.measured_steps, self.measured_s, self.first = 0, 0.0, True
+        self.eval_s: float | None = None
+        self.reserve_s = self.RESERVE * self.budget_s
+
+    def elapsed(self) -> float:
+        return self.agree(self.spent_before + time.perf_counter() - self.started)
+
+    def evaluated(self, seconds: float) -> None:
+        self.eval_s = self.agree(seconds) if self.budget_s else seconds
+
+    def stepped(
+        self, state: dict[str, Any], seconds: float, probe_eval: Callable[[], float]
+    ) -> int:
+        """After a step of ``seconds``: plan once the warm-up is measured, cut when time is up.
+        Returns the step training goes on to."""
+        if not self.budget_s:
+            return self.total
+        if self.first:
+            self.first = False
+        else:
+            self.measured_steps += 1
+            self.measured_s += seconds
+        warm = self.measured_steps >= self.WARMUP_STEPS or (
+            self.measured_steps > 0
+            and not self.planned
+            and self.agree(self.measured_s) >= self.WARMUP_S
+        )
+        if not self.planned and warm:
+            self.plan(state, probe_eval)
+        if state["step"] < self.total and self.elapsed() >= self.budget_s - self.reserve_s:
+            self.total = state["planned_steps"] = state["step"]
+            self.cut = True
+        return self.total
+
+    def plan(self, state: dict[str, Any], probe_eval: Callable[[], float]) -> None:
+        """Plan the steps that fit (``probe_eval``: an epoch end's seconds, before one was
+        measured); the first plan is reported, later ones refine it."""
+        if not self.budget_s or not self.measured_steps or self.cut:
+            return
+        first, self.planned = not self.planned, True
+        step_s = self.agree(self.measured_s) / max(1, self.measured_steps)
+        if self.eval_s is None:
+            self.eval_s = self.agree(probe_eval())
+        self.reserve_s = self.RESERVE * self.budget_s + self.eval_s * self.test_share
+        self.total = plan_steps(
+            budget_s=self.budget_s,
+            elapsed_s=self.elapsed(),
+            step_s=step_s,
+            eval_s=self.eval_s,
+            reserve_s=self.reserve_s,
+            done=state["step"],
+            per_epoch=self.per_epoch,
+            total=self.full,
+        )
+        state["planned_steps"] = self.total
+        if not first:
+            return
+        epochs, of = self.total / self.per_epoch, self.full // self.per_epoch
+        self.emit(
+            "log",
+            message=f"budget {self.budget_s / 60:g} min: {epochs:.3g} of {of}"
+            f" epochs ({self.total} of {self.full} steps) fit at {step_s:.3g} s/step and "
+            f"{self.eval_s:.3g} s an epoch's end (dev evaluation, checkpoint), "
+            f"{self.elapsed():.0f} s spent",
+            budget_steps=self.total,
+            step_s=round(step_s, 4),
+            eval_s=round(self.eval_s, 3),
+        )
+
+    def epochs(self) -> int:
+        return math.ceil(self.total / self.per_epoch)
+
+    def stopped(self, state: dict[str, Any]) -> None:
+        """Say so where the budget ended training before its last epoch."""
+        if self.budget_s and state["step"] < self.full:
+            how = "the time ran out" if self.cut else "as planned"
+            self.emit(
+                "log",
+                message=f"budget {self.budget_s / 60:g} min: training stopped at step "
+                f"{state['step']} of {self.full} ({how}, {self.elapsed():.0f} s spent); the "
+                f"best checkpoint (step {state['best_step']}) is exported",
+            )
 
 
 def load_split(workdir: Path, split: str, task_kind: str) -> list[dict]:
@@ -169,11 +325,13 @@ def step_done(
     per_step: int,
     last_report: float,
     save_checkpoint: Callable[[], None],
+    epochs: int | None = None,
 ) -> float:
     """After an optimiser step: count it, stop on a non-finite loss, send the loss and progress
     events at most twice a second (and at the epoch's and the job's last step; ``samples``
     trained in ``busy`` seconds so far, ``per_step`` samples a step), save a checkpoint every
-    ``checkpoint_steps`` within an epoch. Returns when the events were last sent."""
+    ``checkpoint_steps`` within an epoch (``epochs``: those planned, where a time budget cut
+    them). Returns when the events were last sent."""
     state["step"] += 1
     step = state["step"]
     check_finite(loss, step)
@@ -188,7 +346,7 @@ def step_done(
             step=step,
             total_steps=total,
             epoch=epoch + 1,
-            epochs=spec.hp.epochs,
+            epochs=epochs or spec.hp.epochs,
             samples_per_s=round(rate, 2),
             eta_s=None if left is None else round(left, 1),
         )
@@ -198,18 +356,32 @@ def step_done(
     return last_report
 
 
+def ended_early(emit: Emit, state: dict[str, Any], total: int, samples: int, busy: float) -> None:
+    """Where early stopping or a time budget ended training before ``total`` steps: the job's
+    progress ends at the step it reached."""
+    if state["step"] < total:
+        emit(
+            "progress",
+            step=state["step"],
+            total_steps=state["step"],
+            epoch=state["epoch"],
+            epochs=state["epoch"],
+            samples_per_s=round(samples / busy, 2) if busy else 0.0,
+            eta_s=0.0,
+        )
+
+
 def _silent(*args, **kwargs) -> None:
     pass
 
 
 def predict_rows(ops: ModelOps, space, tokenizer, rows, max_length, threshold, batch_size=64):
-    preds: list[dict] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        encs = [data.encode(tokenizer, space.task_kind, r, max_length) for r in chunk]
-        batch = data.collate([data.Example(e, None) for e in encs], tokenizer.pad_id)
-        preds.extend(data.decode(space, ops.logits(batch), encs, chunk, threshold))
-    return preds
+    """Predictions of the model in training, as its export will give them (``data.predict``)."""
+    # A tagger with a CRF decodes through its transitions (runtime.backends.paddle_models).
+    transitions = ops.transitions() if hasattr(ops, "transitions") else None
+    return data.predict(
+        ops.logits, tokenizer, space, rows, max_length, threshold, transitions, batch_size
+    )
 
 
 def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
@@ -225,9 +397,11 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     items = data.examples(space, tokenizer, train_rows, hp.max_seq_length)
     per_epoch = data.steps_per_epoch(len(items), hp.batch_size)
     total = per_epoch * hp.epochs
+    # A text longer than max_seq_length trains as overlapping windows (data.item_windows).
+    windowed = f" in {len(items)} windows" if len(items) > len(train_rows) else ""
     emit(
         "log",
-        message=f"{len(train_rows)} training rows, {len(dev_rows)} dev rows, "
+        message=f"{len(train_rows)} training rows{windowed}, {len(dev_rows)} dev rows, "
         f"{len(tokenizer.vocab)} tokens in the vocabulary, {total} steps",
     )
 
@@ -235,6 +409,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     _recover(checkpoint)
     _recover(workdir / BEST)
     ops.build(spec, space, len(tokenizer.vocab))
+    if hasattr(ops, "fit_statistics"):  # figures of the training rows (a fast model's IDF)
+        ops.fit_statistics(items)
     # A multi-device job runs this loop in every process: each trains on its share of every
     # batch (the framework averages the gradients), all evaluate alike so that they stop alike,
     # and only the first reports and writes.
@@ -244,11 +420,22 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     elif world > 1:
         emit("log", message=f"{world} processes train this job, each on its share of a batch")
     state = resume_state(ops, checkpoint, emit)
+    budget = Budget(
+        spec,
+        state,
+        emit,
+        per_epoch=per_epoch,
+        total=total,
+        test_share=_test_share(workdir, spec, dev_rows),
+        started=started,
+        agree=_agreement(ops, world, spec),
+    )
 
     def save_vocab(tmp: Path) -> None:
         tokenizer.save(tmp / VOCAB)
 
     def save_checkpoint() -> None:
+        state["elapsed_s"] = round(budget.elapsed(), 3)
         if rank:
             return
         save_weights(ops, checkpoint, state, with_optimizer=True, more=save_vocab)
@@ -259,16 +446,33 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
             return
         save_weights(ops, workdir / BEST, {"step": state["step"]}, more=save_vocab)
 
+    def probe_eval() -> float:
+        """An epoch end's seconds before one was measured: predictions for a few dev rows
+        (scaled to the split), and a checkpoint (a real one, of this step)."""
+        t0 = time.perf_counter()
+        sample = dev_rows[:64]
+        if sample:
+            predict_rows(ops, space, tokenizer, sample, hp.max_seq_length, hp.threshold)
+        predicted = (time.perf_counter() - t0) * len(dev_rows) / max(1, len(sample))
+        t0 = time.perf_counter()
+        state["epoch"] = epoch  # mid-epoch, as step_done saves one
+        save_checkpoint()
+        return predicted + time.perf_counter() - t0
+
     # Model building (framework import, vocabulary, encoding, the model): apart from the steps.
     emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))
     samples, busy = 0, 0.0
     stopped = False
     for epoch in range(state["epoch"], hp.epochs):
+        if state["step"] >= budget.total:
+            break
         skip = state["step"] - epoch * per_epoch
         last_report = 0.0
         for i, batch in enumerate(data.batches(items, hp.batch_size, shuffle_seed=hp.seed + epoch)):
             if i < skip:
                 continue
+            if state["step"] >= budget.total:
+                break
             if world > 1:
                 if len(batch) < world:
                     continue  # too small to share: every process skips it alike
@@ -277,7 +481,7 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
                 share = batch
             t0 = time.perf_counter()
             feed = data.collate(share, tokenizer.pad_id, space.head)
-            loss = ops.train_step(feed, learning_rate(spec, state["step"], total))
+            loss = ops.train_step(feed, learning_rate(spec, state["step"], budget.total))
             busy += time.perf_counter() - t0
             samples += len(batch)
             last_report = step_done(
@@ -285,7 +489,7 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
                 spec,
                 state,
                 loss=loss,
-                total=total,
+                total=budget.total,
                 epoch=epoch,
                 last_of_epoch=i == per_epoch - 1,
                 samples=samples,
@@ -293,8 +497,11 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
                 per_step=hp.batch_size,
                 last_report=last_report,
                 save_checkpoint=save_checkpoint,
+                epochs=budget.epochs(),
             )
+            budget.stepped(state, time.perf_counter() - t0, probe_eval)
         state["epoch"] = epoch + 1
+        ending = time.perf_counter()
         if dev_rows:
             preds = predict_rows(ops, space, tokenizer, dev_rows, hp.max_seq_length, hp.threshold)
             metrics = evaluate(spec.task_kind, list(space.labels), dev_rows, preds)
@@ -318,9 +525,35 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
             state["best_step"] = state["step"]
             save_best()
         save_checkpoint()
+        budget.evaluated(time.perf_counter() - ending)
+        budget.plan(state, probe_eval)
         if stopped:
             break
     if not (workdir / BEST / "state.json").exists():
         save_best()
+    if not stopped:
+        budget.stopped(state)
+    ended_early(emit, state, total, samples, busy)
     state["samples_per_s"] = round(samples / busy, 2) if busy else None
     return state
+
+
+def _test_share(workdir: Path, spec: JobSpec, dev_rows: list[dict]) -> float:
+    """The test split's evaluation as a share of the dev split's (for a budget's reserve)."""
+    if not spec.hp.max_minutes or not dev_rows:
+        return 0.0
+    return len(load_split(workdir, "test", spec.task_kind)) / len(dev_rows)
+
+
+def _agreement(ops: Any, world: int, spec: JobSpec) -> Callable[[float], float]:
+    """The largest of a figure over a multi-device job's processes, through the backend's
+    ``agree_max`` (an all-reduce); alone or without a budget, the figure itself."""
+    if world == 1 or not spec.hp.max_minutes:
+        return float
+    agree = getattr(ops, "agree_max", None)
+    if agree is None:
+        raise ValueError(
+            f"the {type(ops).__name__} backend cannot share a time budget between processes: "
+            "train on one device or without max_minutes"
+        )
+    return agree

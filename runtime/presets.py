@@ -1,7 +1,9 @@
-"""Presets that ship with the install: small ERNIE-architecture models built from a config, with
-a character vocabulary made from the training data, so the whole chain runs on a CPU in
-seconds; and the recommended hyperparameters for each task kind, for presets and for real
-imported base models (ERNIE 3.0 mini/medium/base, BERT or RoBERTa Chinese).
+"""Presets that ship with the install, built from a config with a character vocabulary made
+from the training data: the fast models of CPU nodes (``FAST_PRESETS``, Paddle: a bag of
+character n-grams for classification and pairs, a BiGRU-CRF for NER), small ERNIE-architecture
+transformers (``PRESETS``) and causal LMs (``LLM_PRESETS``); which is the default for a task
+kind and a device; and the recommended hyperparameters for each task kind, for presets and for
+real imported base models (ERNIE 3.0 mini/medium/base, BERT or RoBERTa Chinese).
 """
 
 from typing import Any
@@ -31,7 +33,35 @@ PRESETS: dict[str, dict] = {
         "type_vocab_size": 4,
     },
 }
-DEFAULT_PRESET = "ernie-micro-char"
+# The transformer preset an accelerator trains by default, and a CPU where the backend has no
+# fast model.
+DEFAULT_PRESET = "ernie-tiny-char"
+CPU_TRANSFORMER = "ernie-micro-char"
+
+# Fast models (runtime.backends.paddle_models) for nodes without an accelerator: on two cores
+# they train 20 k rows in minutes and match TF-IDF + logistic regression (classification) or a
+# character CRF (NER); "kinds" are the task kinds each trains.
+FAST_PRESETS: dict[str, dict] = {
+    "ngram-bag-char": {
+        "architecture": "ngram_bag",
+        "kinds": ["text_classification", "multi_label", "text_pair"],
+        "embedding_size": 128,
+        "buckets": 200_000,
+        "ngrams": [2, 3],
+        "conv_channels": 128,
+        "wide_buckets": 262_144,
+    },
+    "bigru-crf-char": {
+        "architecture": "bigru_crf",
+        "kinds": ["ner"],
+        "embedding_size": 128,
+        "hidden_size": 128,
+        "num_layers": 1,
+        "buckets": 100_000,
+    },
+}
+# The backends that train the fast presets.
+FAST_BACKENDS = ("paddle",)
 
 # Causal LMs for the generative kinds (instruction, preference): the LLaMA architecture, with a
 # character vocabulary and the ChatML template (runtime.chat), trained with LoRA or in full.
@@ -54,16 +84,52 @@ LLM_PRESETS: dict[str, dict] = {
 DEFAULT_LLM_PRESET = "llama-tiny-char"
 
 
-def presets_for(task_kind: str) -> dict[str, dict]:
-    return LLM_PRESETS if task_kind in GENERATIVE_KINDS else PRESETS
+def presets_for(task_kind: str, backend: str = "paddle") -> dict[str, dict]:
+    """The presets that train ``task_kind`` on ``backend``."""
+    if task_kind in GENERATIVE_KINDS:
+        return LLM_PRESETS
+    fast = {
+        name: config
+        for name, config in FAST_PRESETS.items()
+        if task_kind in config["kinds"] and backend in FAST_BACKENDS
+    }
+    return {**fast, **PRESETS}
 
 
-def default_preset(task_kind: str) -> str:
-    return DEFAULT_LLM_PRESET if task_kind in GENERATIVE_KINDS else DEFAULT_PRESET
+def is_fast(preset: str | None) -> bool:
+    return preset in FAST_PRESETS
+
+
+def default_preset(
+    task_kind: str, backend: str = "paddle", accelerated: bool = False, devices: int = 1
+) -> str:
+    """The preset a job of ``task_kind`` trains when it names none: a transformer on an
+    accelerator, the kind's fast model on one CPU device (where the backend has one; its
+    sparse n-gram tables train in one process)."""
+    if task_kind in GENERATIVE_KINDS:
+        return DEFAULT_LLM_PRESET
+    if accelerated:
+        return DEFAULT_PRESET
+    if devices > 1:
+        return CPU_TRANSFORMER
+    fast = [n for n in presets_for(task_kind, backend) if n in FAST_PRESETS]
+    return fast[0] if fast else CPU_TRANSFORMER
+
+
+def preset_config(preset: str) -> dict:
+    """The architecture's config of an encoder preset (without the kinds it trains)."""
+    config = FAST_PRESETS.get(preset) or PRESETS[preset]
+    return {k: v for k, v in config.items() if k != "kinds"}
 
 
 # A model trained from scratch needs a larger learning rate than a pretrained one.
 _FROM_SCRATCH = {"learning_rate": 1e-3, "epochs": 10, "batch_size": 16, "warmup_ratio": 0.1}
+# The fast models: embeddings learn fast with a large rate (the BiGRU-CRF's larger still: it
+# must learn its tags from few steps on small data); early stopping ends them.
+_FAST = {
+    "ngram-bag-char": {"learning_rate": 3e-3, "epochs": 15, "batch_size": 32, "dropout": 0.3},
+    "bigru-crf-char": {"learning_rate": 1e-2, "epochs": 15, "batch_size": 32, "dropout": 0.3},
+}
 _FINE_TUNE = {
     "text_classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
     "multi_label": {"learning_rate": 5e-5, "epochs": 5, "batch_size": 32},
@@ -99,6 +165,9 @@ def recommended(task_kind: str, *, preset: str | None) -> Hyperparameters:
     if task_kind in _LLM:
         values: dict[str, Any] = {**_LLM[task_kind], **(_LLM_PRESET if preset else {})}
         return Hyperparameters(**values)
-    values = dict(_FROM_SCRATCH) if preset else dict(_FINE_TUNE[task_kind])
+    if preset in FAST_PRESETS:
+        values = {**_FAST[preset], "warmup_ratio": 0.02}
+    else:
+        values = dict(_FROM_SCRATCH) if preset else dict(_FINE_TUNE[task_kind])
     values["max_seq_length"] = _MAX_LENGTH[task_kind]
     return Hyperparameters(**values)

@@ -34,7 +34,7 @@ def emit(kind: str, **data) -> None:
 
 def run(workdir: Path) -> dict:
     from runtime.backends import get_backend
-    from runtime.data import OBJECTIVES, LabelSpace
+    from runtime.data import OBJECTIVES, LabelSpace, is_long
     from runtime.inference import Predictor, write_manifest
     from runtime.kinds import GENERATIVE_KINDS
     from runtime.loop import load_split
@@ -99,6 +99,17 @@ def run(workdir: Path) -> dict:
     preds = predictor.predict(rows)
     elapsed = time.perf_counter() - started
     report = evaluate(spec.task_kind, list(space.labels), rows, preds) if rows else {}
+    # Rows longer than the model reads at once: predicted over overlapping windows (a text pair
+    # is still cut), which the model page says.
+    max_length = spec.hp.max_seq_length
+    long_rows = sum(is_long(spec.task_kind, row, max_length) for row in rows)
+    max_chars = max_length - (3 if spec.task_kind == "text_pair" else 2)
+    if long_rows:
+        emit(
+            "log",
+            message=f"{long_rows} of {len(rows)} {split} rows are longer than the maximum length"
+            f" ({max_chars} characters)",
+        )
     mistakes = [
         {"row": row, "predicted": pred}
         for row, pred in zip(rows, preds, strict=True)
@@ -114,13 +125,47 @@ def run(workdir: Path) -> dict:
         "steps": state.get("step"),
         "train_samples_per_s": state.get("samples_per_s"),
         "inference_rows_per_s": round(len(rows) / elapsed, 1) if rows and elapsed else None,
+        "long_rows": long_rows,
+        "max_chars": max_chars,
     }
+    if rows:
+        evaluation.update(_baselines(spec.task_kind, list(space.labels), workdir, rows, report))
     (workdir / "evaluation.json").write_text(
         json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
     )
     summary = {k: v for k, v in report.items() if isinstance(v, int | float)}
     emit("metrics", step=state.get("step"), split=split, metrics=summary)
     return evaluation
+
+
+def _baselines(kind: str, labels: list[str], workdir: Path, rows: list[dict], report: dict) -> dict:
+    """The majority guess and a classical model trained on the train split and scored on the
+    rows the model was (runtime.baselines); whatever goes wrong there, the report is written."""
+    from runtime.loop import load_split
+
+    try:
+        from runtime.baselines import compare, run_baselines
+
+        emit("state", phase="baselines")
+        baselines = run_baselines(kind, labels, load_split(workdir, "train", kind), rows)
+        comparison = compare(kind, report, baselines)
+    except Exception as exc:
+        print(f"baselines: {type(exc).__name__}: {exc}")
+        return {}
+
+    def fmt(x: float | None) -> str:
+        return "–" if x is None else f"{x:.4f}"
+
+    classical = baselines["classical"]
+    verdict = "beats" if comparison["beats_baseline"] else "does NOT beat"
+    failed = f" ({classical['error']})" if "error" in classical else ""
+    emit(
+        "log",
+        message=f"{comparison['metric']}: model {fmt(comparison['model'])} {verdict} the baseline"
+        f" {classical['name']} {fmt(comparison['baseline'])}{failed},"
+        f" majority {fmt(comparison['majority'])}",
+    )
+    return {"baselines": baselines, "comparison": comparison}
 
 
 def _generative_evaluation(workdir: Path, state: dict) -> dict:

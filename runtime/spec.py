@@ -30,7 +30,12 @@ class Hyperparameters:
     weight_decay: float = 0.01
     seed: int = 42
     # Stop when the dev metric has not improved for this many evaluations; 0 never stops.
-    early_stopping_patience: int = 0
+    # On by default: the best checkpoint is what gets exported, so more epochs past it only
+    # cost time.
+    early_stopping_patience: int = 3
+    # A time budget in minutes (0: none): the runner measures its throughput, plans the steps
+    # that fit (the learning rate decays to zero within them) and exports the best checkpoint.
+    max_minutes: float = 0
     # The dev metric that picks the best checkpoint and drives early stopping.
     metric: str = "macro_f1"
     # Dropout of the encoder's hidden layers and attention (0 makes runs repeatable).

@@ -77,21 +77,20 @@ def _texts(item: object, task_kind: str, i: int) -> dict[str, str]:
 
 
 def shape(pred: dict, top_k: int) -> dict:
-    """A prediction as the API answers it: ranked scores instead of a score per label."""
+    """A prediction as the API answers it: ranked scores instead of a score per label;
+    ``truncated``, and ``windows`` where a long text was read in several (runtime.data)."""
+    read = {"truncated": pred["truncated"]}
+    if "windows" in pred:
+        read["windows"] = pred["windows"]
     if "entities" in pred:
-        return {"entities": pred["entities"], "truncated": pred["truncated"]}
+        return {"entities": pred["entities"], **read}
     ranked = [
         {"label": label, "score": score}
         for label, score in sorted(pred["scores"].items(), key=lambda kv: -kv[1])
     ]
     if "labels" in pred:
-        return {"labels": pred["labels"], "scores": ranked, "truncated": pred["truncated"]}
-    return {
-        "label": pred["label"],
-        "score": pred["score"],
-        "top_k": ranked[:top_k],
-        "truncated": pred["truncated"],
-    }
+        return {"labels": pred["labels"], "scores": ranked, **read}
+    return {"label": pred["label"], "score": pred["score"], "top_k": ranked[:top_k], **read}
 
 
 async def admit(request: Request, host: Host, name: str) -> Revision | Response:

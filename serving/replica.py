@@ -108,7 +108,8 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
         from runtime.inference import Predictor
 
         predictor = Predictor.load(export_dir, device)
-        text = "预热" * predictor.max_length
+        # One window's worth: a longer text is read in several windows (runtime.data.predict).
+        text = ("预热" * predictor.max_length)[: predictor.max_length - 2]
         item = (
             {"text_a": text, "text_b": text} if predictor.space.task_kind == "text_pair" else text
         )

@@ -99,6 +99,7 @@ def test_bundle_contents(archive, tmp_path):
     presets = manifest["presets"]
     assert presets["default"] in presets["presets"]
     assert "llama-tiny-char" in presets["presets"]
+    assert presets["presets"]["bigru-crf-char"]["kind"] == "fast"
     pins = (bundle / "wheelhouse/platform/requirements.txt").read_text()
     assert f"django=={platform['packages']['django']}" in pins.splitlines()
 
@@ -128,7 +129,7 @@ def test_install_without_network(archive, tmp_path):
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert out == [str(prefix / "runtime/presets.py"), VERSION, "ernie-micro-char"]
+    assert out == [str(prefix / "runtime/presets.py"), VERSION, "ernie-tiny-char"]
     _check_runtime_distribution(bundle, prefix, tmp_path)
     assert (prefix / "locale/zh_Hans/LC_MESSAGES/django.mo").is_file()
     assert (prefix / "var/static/staticfiles.json").is_file()

@@ -263,7 +263,13 @@ with transaction.atomic():  # the import runs here, as in a `db` test
     )
     rows, mapping = rows_for("text_classification", 60)
     version = make_jsonl_version(dataset, user, rows, mapping)
-hp = {"epochs": 40, "batch_size": 8, "max_seq_length": 32, "checkpoint_steps": 4}
+hp = {
+    "epochs": 40,
+    "batch_size": 8,
+    "max_seq_length": 32,
+    "checkpoint_steps": 4,
+    "early_stopping_patience": 0,  # long enough to run through the restart
+}
 job = training_job_submit(
     actor=user, team=team, dataset_version=version, hyperparameters=hp
 )

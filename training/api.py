@@ -13,8 +13,8 @@ from console.api import Op, TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
-from runtime.presets import LLM_PRESETS, PRESETS
-from training import base_models, jobs, registry, selectors
+from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS, is_fast, preset_config
+from training import base_models, jobs, registry, selectors, sweeps
 from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,
@@ -28,6 +28,9 @@ from training.serializers import (
     ModelVersionDetailSerializer,
     ModelVersionSerializer,
     PresetSerializer,
+    SweepCreateSerializer,
+    SweepDetailSerializer,
+    SweepSerializer,
 )
 
 
@@ -51,9 +54,13 @@ class TrainingAPIView(TeamAPIView):
 class PresetList(TrainingAPIView):
     @extend_schema(responses=PresetSerializer(many=True))
     def get(self, request: Request, team: str) -> Response:
+        def row(name: str, generative: bool = False) -> dict:
+            kinds = FAST_PRESETS[name]["kinds"] if is_fast(name) else None
+            config = LLM_PRESETS[name] if generative else preset_config(name)
+            return {"name": name, "config": config, "generative": generative, "kinds": kinds}
+
         return Response(
-            [{"name": n, "config": c, "generative": False} for n, c in PRESETS.items()]
-            + [{"name": n, "config": c, "generative": True} for n, c in LLM_PRESETS.items()]
+            [row(n) for n in (*FAST_PRESETS, *PRESETS)] + [row(n, True) for n in LLM_PRESETS]
         )
 
 
@@ -178,3 +185,30 @@ class ModelVersionDownload(TrainingAPIView):
     def get(self, request: Request, team: str, model_version_id: int) -> FileResponse:
         version = selectors.model_version_get(request.team, model_version_id)
         return model_archive_response(version)
+
+
+class SweepListCreate(PaginatedList, TrainingAPIView):
+    get = Op.list(selectors.team_sweeps, SweepSerializer)
+
+    # Written out: the body names a dataset version, found in the team first.
+    @extend_schema(request=SweepCreateSerializer, responses={201: SweepDetailSerializer})
+    def post(self, request: Request, team: str) -> Response:
+        data = validated(SweepCreateSerializer, request)
+        dataset = dataset_get(request.team, data.pop("dataset_id"))
+        version = version_get(dataset, data.pop("dataset_version"))
+        sweep = service_call(
+            sweeps.sweep_create,
+            actor=request.user,
+            team=request.team,
+            dataset_version=version,
+            **data,
+        )
+        return created(SweepDetailSerializer, sweep)
+
+
+class SweepDetail(TrainingAPIView):
+    get = Op.retrieve(selectors.sweep_get, SweepDetailSerializer)
+
+
+class SweepCancel(TrainingAPIView):
+    post = Op.action(sweeps.sweep_cancel, sweep=selectors.sweep_get, answer=SweepDetailSerializer)

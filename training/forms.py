@@ -4,7 +4,7 @@ from django.utils.translation import gettext_lazy as _
 from console.hardware import device_choices
 from labeling.models import DatasetVersion
 from runtime.data import HEADS, OBJECTIVES
-from runtime.presets import LLM_PRESETS, PRESETS
+from runtime.presets import DEFAULT_PRESET, FAST_PRESETS, LLM_PRESETS, PRESETS
 from training.models import Backend, TrainingJob
 
 METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
@@ -20,6 +20,11 @@ class JobForm(forms.Form):
     )
     backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
     model = forms.ChoiceField(label=_("Base model or preset"))
+    DEFAULT_HELP = _(
+        "The default: on a CPU, the task kind's fast model (%(fast)s), which trains in minutes "
+        "and matches a classical baseline; on an accelerator, the transformer %(transformer)s. "
+        "A pretrained model your team imported usually does best of all."
+    )
     device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
     device_count = forms.IntegerField(min_value=1, initial=1, label=_("Devices"))
     priority = forms.TypedChoiceField(
@@ -40,7 +45,22 @@ class JobForm(forms.Form):
     weight_decay = forms.FloatField(required=False, label=_("Weight decay"))
     seed = forms.IntegerField(required=False, label=_("Seed"))
     early_stopping_patience = forms.IntegerField(
-        min_value=0, required=False, label=_("Early stopping patience (evaluations)")
+        min_value=0,
+        required=False,
+        label=_("Early stopping patience (evaluations)"),
+        help_text=_(
+            "Training stops when the dev metric has not improved for this many epochs (3 "
+            "unless set); 0: never."
+        ),
+    )
+    max_minutes = forms.FloatField(
+        min_value=0,
+        required=False,
+        label=_("Time budget (minutes)"),
+        help_text=_(
+            "Empty or 0: none. The runner measures its speed, trains the epochs that fit and "
+            "exports the best checkpoint."
+        ),
     )
     metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
     threshold = forms.FloatField(required=False, label=_("Multi-label threshold"))
@@ -98,6 +118,7 @@ class JobForm(forms.Form):
         "weight_decay",
         "seed",
         "early_stopping_patience",
+        "max_minutes",
         "metric",
         "threshold",
         "dropout",
@@ -122,7 +143,14 @@ class JobForm(forms.Form):
             .order_by("dataset__name", "-number")
         )
         self.fields["model"].choices = [
-            ("preset:", _("The task kind's default preset")),
+            ("preset:", _("Default for the task kind and device")),
+            (
+                _("Fast presets (CPU)"),
+                [
+                    (f"preset:{p}", f"{p} ({', '.join(c['kinds'])})")
+                    for p, c in FAST_PRESETS.items()
+                ],
+            ),
             (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
             (_("Presets of large models"), [(f"preset:{p}", p) for p in LLM_PRESETS]),
             (
@@ -138,6 +166,25 @@ class JobForm(forms.Form):
                 ],
             ),
         ]
+
+        self.fields["model"].help_text = self.DEFAULT_HELP % {
+            "fast": ", ".join(FAST_PRESETS),
+            "transformer": DEFAULT_PRESET,
+        }
+        # A pretrained encoder the team imported is the better start: offered first.
+        own = [
+            m
+            for m in base_models
+            if m.team_id is not None
+            and m.backend == self.fields["backend"].initial
+            and not m.summary.get("causal_lm")
+        ]
+        if own and not self.is_bound:
+            self.initial.setdefault("model", f"base:{own[0].name}")
+            self.fields["model"].help_text = _(
+                "%(name)s, the pretrained model your team imported, is chosen: fine-tuning it "
+                "usually beats a model trained from scratch. %(default)s"
+            ) % {"name": own[0].name, "default": self.fields["model"].help_text}
 
     MAIN = (
         "dataset_version",
@@ -208,3 +255,147 @@ class BaseModelImportForm(forms.Form):
 
 class ModelImportForm(forms.Form):
     archive = forms.FileField(label=_("Model version archive (.tar.gz)"))
+
+
+class SweepForm(forms.Form):
+    """A hyperparameter search: the trials' data, model and device, and per hyperparameter a
+    tick, then a range (low, high, logarithmic) or a list of choices."""
+
+    # name: (low, high, log, choices) offered at first.
+    SEARCH_DEFAULTS = {
+        "learning_rate": (1e-4, 1e-2, True, ""),
+        "batch_size": (None, None, False, "16, 32, 64"),
+        "dropout": (0.0, 0.3, False, ""),
+        "weight_decay": (0.0, 0.1, False, ""),
+        "epochs": (2, 10, False, ""),
+        "warmup_ratio": (0.0, 0.2, False, ""),
+        "max_seq_length": (None, None, False, "64, 128, 256"),
+    }
+    SEARCH_LABELS = {
+        "learning_rate": _("Learning rate"),
+        "batch_size": _("Batch size"),
+        "dropout": _("Dropout"),
+        "weight_decay": _("Weight decay"),
+        "epochs": _("Epochs"),
+        "warmup_ratio": _("Warm-up ratio"),
+        "max_seq_length": _("Max sequence length"),
+    }
+
+    dataset_version = forms.ModelChoiceField(
+        queryset=DatasetVersion.objects.none(), label=_("Dataset version"), empty_label=None
+    )
+    backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
+    model = forms.ChoiceField(label=_("Base model or preset"))
+    device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
+    n_trials = forms.IntegerField(min_value=2, initial=10, label=_("Trials"))
+    parallel = forms.IntegerField(
+        min_value=1,
+        initial=1,
+        label=_("Trials in parallel"),
+        help_text=_("Queued at once; they run where devices are free."),
+    )
+    metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
+    name = forms.CharField(max_length=100, required=False, label=_("Name"))
+
+    def __init__(self, *args, team, base_models, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["dataset_version"].queryset = (
+            DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind__in=list(HEADS))
+            .select_related("dataset")
+            .order_by("dataset__name", "-number")
+        )
+        self.fields["model"].choices = [
+            ("preset:", _("Default for the task kind and device")),
+            (_("Fast presets (CPU)"), [(f"preset:{p}", p) for p in FAST_PRESETS]),
+            (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
+            (
+                _("Imported base models"),
+                [
+                    (f"base:{m.name}", f"{m.name} ({m.backend})")
+                    for m in base_models
+                    if not m.summary.get("causal_lm")
+                ],
+            ),
+        ]
+        for name, (low, high, log, choices) in self.SEARCH_DEFAULTS.items():
+            self.fields[f"search_{name}"] = forms.BooleanField(
+                required=False, label=self.SEARCH_LABELS[name]
+            )
+            self.fields[f"{name}_low"] = forms.FloatField(
+                required=False, initial=low, label=_("low")
+            )
+            self.fields[f"{name}_high"] = forms.FloatField(
+                required=False, initial=high, label=_("high")
+            )
+            self.fields[f"{name}_log"] = forms.BooleanField(
+                required=False, initial=log, label=_("logarithmic")
+            )
+            self.fields[f"{name}_choices"] = forms.CharField(
+                required=False,
+                initial=choices,
+                label=_("or choices"),
+                help_text=_("Comma-separated; instead of a range."),
+            )
+
+    MAIN = (
+        "dataset_version",
+        "backend",
+        "model",
+        "device_type",
+        "n_trials",
+        "parallel",
+        "metric",
+        "name",
+    )
+
+    def main_fields(self) -> list:
+        return [self[name] for name in self.MAIN]
+
+    def search_rows(self) -> list[dict]:
+        return [
+            {
+                "name": name,
+                "tick": self[f"search_{name}"],
+                "low": self[f"{name}_low"],
+                "high": self[f"{name}_high"],
+                "log": self[f"{name}_log"],
+                "choices": self[f"{name}_choices"],
+            }
+            for name in self.SEARCH_DEFAULTS
+        ]
+
+    def clean(self) -> dict:
+        data = super().clean()
+        space: dict[str, dict] = {}
+        for name in self.SEARCH_DEFAULTS:
+            if not data.get(f"search_{name}"):
+                continue
+            choices = [c.strip() for c in (data.get(f"{name}_choices") or "").split(",")]
+            if any(choices):
+                space[name] = {"choices": [c for c in choices if c]}
+            else:
+                space[name] = {
+                    "low": data.get(f"{name}_low"),
+                    "high": data.get(f"{name}_high"),
+                    "log": bool(data.get(f"{name}_log")),
+                }
+        if not space:
+            raise forms.ValidationError(_("Tick at least one hyperparameter to search."))
+        data["space"] = space
+        return data
+
+    def sweep_fields(self) -> dict:
+        data = self.cleaned_data
+        kind, _sep, model = data["model"].partition(":")
+        return {
+            "dataset_version": data["dataset_version"],
+            "backend": data["backend"],
+            "base_model": model if kind == "base" else "",
+            "preset": model if kind == "preset" else "",
+            "device_type": data["device_type"],
+            "n_trials": data["n_trials"],
+            "parallel": data["parallel"],
+            "metric": data["metric"],
+            "name": data["name"],
+            "space": data["space"],
+        }

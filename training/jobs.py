@@ -30,7 +30,7 @@ from labeling.models import DatasetVersion
 from runtime.backends import available as available_backends
 from runtime.data import HEADS
 from runtime.kinds import GENERATIVE_KINDS
-from runtime.presets import default_preset, presets_for, recommended
+from runtime.presets import default_preset, is_fast, presets_for, recommended
 from runtime.spec import Hyperparameters
 from training import storage
 from training.models import BaseModel, TrainingJob
@@ -40,6 +40,10 @@ from training.selectors import base_model_named
 def _job_labels(version: DatasetVersion) -> list[str]:
     """The dataset's declared labels in their order, else those found in the version."""
     return list(version.dataset.labels) or sorted(version.stats.get("labels", {}))
+
+
+# A job's time budget (max_minutes) is at most a week.
+MAX_BUDGET_MINUTES = 7 * 24 * 60
 
 
 def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) -> Hyperparameters:
@@ -74,6 +78,10 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
         (0 <= hp.warmup_ratio < 1, "0 ≤ warmup_ratio < 1"),
         (0 <= hp.weight_decay < 1, "0 ≤ weight_decay < 1"),
         (hp.early_stopping_patience >= 0, "early_stopping_patience ≥ 0"),
+        (
+            0 <= hp.max_minutes <= MAX_BUDGET_MINUTES,
+            f"0 ≤ max_minutes ≤ {MAX_BUDGET_MINUTES} (7 days; 0: no time budget)",
+        ),
         (0 < hp.threshold < 1, "0 < threshold < 1"),
         (0 <= hp.dropout < 1, "0 ≤ dropout < 1"),
         (hp.checkpoint_steps >= 0, "checkpoint_steps ≥ 0"),
@@ -181,11 +189,22 @@ def training_job_submit(
         raise ValidationError(_("Choose a base model or a preset, not both."))
     model = base_model_named(team, base_model, backend) if base_model else None
     if model is None:
-        preset = preset or default_preset(kind)
-        if preset not in presets_for(kind):
+        # The fast model of the kind on a CPU, a transformer on an accelerator (runtime.presets).
+        preset = preset or default_preset(
+            kind, backend, accelerated=device_type != "cpu", devices=device_count
+        )
+        if preset not in presets_for(kind, backend):
             raise ValidationError(
-                _("No preset named “%(p)s” for %(kind)s; presets: %(all)s.")
-                % {"p": preset, "kind": kind, "all": ", ".join(presets_for(kind))}
+                _(
+                    "No preset named “%(p)s” for %(kind)s on the %(backend)s backend; "
+                    "presets: %(all)s."
+                )
+                % {
+                    "p": preset,
+                    "kind": kind,
+                    "backend": backend,
+                    "all": ", ".join(presets_for(kind, backend)),
+                }
             )
     elif bool(model.summary.get("causal_lm")) != generative:
         raise ValidationError(
@@ -224,6 +243,11 @@ def training_job_submit(
         raise ValidationError(_("A job needs at least one device."))
     if device_count > 1 and generative:
         raise ValidationError(_("Large models train on one device for now."))
+    if device_count > 1 and is_fast(preset):
+        raise ValidationError(
+            _("%(p)s trains on one device: its n-gram tables have sparse gradients.")
+            % {"p": preset}
+        )
     if backend == "torch" and device.paddle_device not in ("cpu", "gpu"):
         raise ValidationError(
             _("The torch backend runs on CPUs and CUDA or ROCm cards, not on %(device)s.")
@@ -447,8 +471,21 @@ def training_job_cancel(*, actor: AbstractBaseUser, job: TrainingJob) -> Trainin
         task_id = job.celery_task_id
         transaction.on_commit(lambda: _revoke(task_id))
     job.save(update_fields=["cancel_requested", "status", "finished_at"])
+    if job.status == TrainingJob.Status.CANCELLED:
+        _advance_sweep_on_commit(job)
     audit_record(action="training.job_cancel", actor=actor, team=job.team, target=job)
     return job
+
+
+def _advance_sweep_on_commit(job: TrainingJob) -> None:
+    """A trial of a hyperparameter search ended: its sweep queues the next or ends
+    (training.sweeps, on the default queue). A message lost is made up by beat's round."""
+    if job.sweep_id is None:
+        return
+    from training.tasks import advance_sweep  # the tasks import the worker's modules
+
+    sweep_id = job.sweep_id
+    transaction.on_commit(lambda: advance_sweep.delay(sweep_id), robust=True)
 
 
 def _revoke(task_id: str) -> None:
@@ -466,6 +503,7 @@ def training_job_finish(job: TrainingJob, status: str, error: str = "") -> None:
     job.phase = ""
     job.eta_s = None
     job.save(update_fields=["status", "error", "finished_at", "phase", "eta_s"])
+    _advance_sweep_on_commit(job)
     audit_record(
         action=f"training.job_{status}",
         actor=None,

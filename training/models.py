@@ -93,6 +93,13 @@ class TrainingJob(Created):
     origin = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="descendants"
     )
+    # A trial of a hyperparameter search (training.sweeps): its number in the sweep, and
+    # whether the sweep's pruner stopped it early.
+    sweep = models.ForeignKey(
+        "Sweep", null=True, blank=True, on_delete=models.SET_NULL, related_name="trials"
+    )
+    trial_number = models.PositiveSmallIntegerField(null=True, blank=True)
+    pruned = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     phase = models.CharField(max_length=16, blank=True)
     # Large models: the rows counted in tokens at submission, and those over the limit.
@@ -215,3 +222,92 @@ class ModelVersion(Created):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.number}"
+
+    @property
+    def baseline_comparison(self) -> dict | None:
+        """The model beside the baselines the runner trained on its split (runtime.baselines):
+        ``comparison`` (metric, model, baseline, majority, beats_baseline), the classical
+        baseline's name, train time and error, and per label the F1 of each. None for a report
+        without baselines (an older one, a generative model's). Every page and the API use it."""
+        evaluation = self.evaluation or {}
+        comparison, baselines = evaluation.get("comparison"), evaluation.get("baselines")
+        if not isinstance(comparison, dict) or not isinstance(baselines, dict):
+            return None
+        classical = baselines.get("classical") or {}
+        majority = baselines.get("majority") or {}
+
+        def per_label(entry: dict) -> dict:
+            return (entry.get("metrics") or {}).get("per_label") or {}
+
+        ours, theirs, guess = (
+            per_label(evaluation),
+            per_label(classical),
+            per_label(majority),
+        )
+        return {
+            **comparison,
+            "baseline_name": classical.get("name", ""),
+            "baseline_train_s": classical.get("train_s"),
+            "baseline_error": classical.get("error", ""),
+            "majority_error": majority.get("error", ""),
+            "per_label": [
+                {
+                    "label": label,
+                    "model": ours.get(label, {}).get("f1"),
+                    "baseline": theirs.get(label, {}).get("f1"),
+                    "majority": guess.get(label, {}).get("f1"),
+                    "support": ours.get(label, {}).get("support"),
+                }
+                for label in dict.fromkeys([*ours, *theirs, *guess])
+            ],
+        }
+
+
+class Sweep(Created):
+    """A hyperparameter search (training.sweeps): ``n_trials`` training jobs over ``space``,
+    ``parallel`` of them queued at once, each trial's hyperparameters asked of Optuna, bad
+    trials pruned; the best trial's model version is kept, the others' deleted."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", _("running")
+        SUCCEEDED = "succeeded", _("succeeded")
+        FAILED = "failed", _("failed")
+        CANCELLED = "cancelled", _("cancelled")
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sweeps")
+    name = models.CharField(_("name"), max_length=100)
+    dataset_version = models.ForeignKey(
+        DatasetVersion, on_delete=models.PROTECT, related_name="sweeps"
+    )
+    backend = models.CharField(_("backend"), max_length=16, choices=Backend.choices)
+    base_model = models.CharField(max_length=100, blank=True)  # by name, as jobs are submitted
+    preset = models.CharField(max_length=40, blank=True)
+    device_type = models.CharField(_("device"), max_length=16, default="cpu")
+    n_trials = models.PositiveSmallIntegerField(_("trials"))
+    parallel = models.PositiveSmallIntegerField(_("parallel trials"), default=1)
+    # Per hyperparameter searched: {"low", "high", "log"} for a number, {"choices": [...]}.
+    space = models.JSONField(default=dict)
+    # The hyperparameters every trial shares (those not searched).
+    hyperparameters = models.JSONField(default=dict, blank=True)
+    metric = models.CharField(_("dev metric"), max_length=32, default="macro_f1")
+    seed = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    error = models.TextField(blank=True)
+    best_job = models.ForeignKey(
+        TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    best_model_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = _("hyperparameter search")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.RUNNING

@@ -7,7 +7,7 @@ from django.utils.translation import gettext as _
 
 from console.models import Team
 from runtime.presets import LLM_PRESETS, PRESETS
-from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
+from training.models import BaseModel, ModelVersion, Sweep, TrainingEvent, TrainingJob
 
 
 def team_base_models(team: Team) -> QuerySet[BaseModel]:
@@ -100,3 +100,16 @@ def base_model_named(team: Team, name: str, backend: str) -> BaseModel:
             }
         )
     return found
+
+
+def team_sweeps(team: Team) -> QuerySet[Sweep]:
+    return Sweep.objects.filter(team=team).select_related(
+        "dataset_version__dataset", "best_model_version", "created_by"
+    )
+
+
+def sweep_get(team: Team, sweep_id: int) -> Sweep:
+    sweep = team_sweeps(team).filter(pk=sweep_id).first()
+    if sweep is None:
+        raise Http404("No such hyperparameter search.")
+    return sweep

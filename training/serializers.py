@@ -1,7 +1,9 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from runtime.presets import LLM_PRESETS, PRESETS
-from training.models import BaseModel, ModelVersion, TrainingEvent, TrainingJob
+from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS
+from training.models import BaseModel, ModelVersion, Sweep, TrainingEvent, TrainingJob
+from training.sweeps import param_importances, sweep_trials
 
 
 class BaseModelSerializer(serializers.ModelSerializer):
@@ -157,6 +159,8 @@ class ModelVersionSerializer(serializers.ModelSerializer):
     dataset_version = serializers.IntegerField(
         source="dataset_version.number", default=None, allow_null=True
     )
+    # The model beside its baselines (ModelVersion.baseline_comparison); null without them.
+    baseline_comparison = serializers.JSONField(read_only=True, allow_null=True)
 
     class Meta:
         model = ModelVersion
@@ -176,6 +180,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "base",
             "hyperparameters",
             "metrics",
+            "baseline_comparison",
             "manifest",
             "provenance",
             "created_at",
@@ -196,7 +201,93 @@ class ModelImportSerializer(serializers.Serializer):
 
 
 class PresetSerializer(serializers.Serializer):
-    name = serializers.ChoiceField(choices=[*PRESETS, *LLM_PRESETS])
+    name = serializers.ChoiceField(choices=[*FAST_PRESETS, *PRESETS, *LLM_PRESETS])
     config = serializers.DictField()
     # A causal LM for instruction and preference data.
     generative = serializers.BooleanField()
+    # A fast model's task kinds (it trains on the paddle backend only); null: every kind.
+    kinds = serializers.ListField(child=serializers.CharField(), allow_null=True)
+
+
+class SweepSerializer(serializers.ModelSerializer):
+    dataset_id = serializers.IntegerField(source="dataset_version.dataset_id", read_only=True)
+    dataset_version = serializers.IntegerField(source="dataset_version.number", read_only=True)
+
+    class Meta:
+        model = Sweep
+        fields = [
+            "id",
+            "name",
+            "status",
+            "dataset_id",
+            "dataset_version",
+            "backend",
+            "base_model",
+            "preset",
+            "device_type",
+            "n_trials",
+            "parallel",
+            "space",
+            "hyperparameters",
+            "metric",
+            "seed",
+            "error",
+            "best_job",
+            "best_model_version",
+            "created_at",
+            "finished_at",
+        ]
+
+
+class SweepTrialSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    job_id = serializers.IntegerField()
+    status = serializers.CharField()
+    pruned = serializers.BooleanField()
+    params = serializers.DictField(help_text="The hyperparameters searched, as the trial had them.")
+    value = serializers.FloatField(
+        allow_null=True, help_text="The dev metric of its best checkpoint (so far, if running)."
+    )
+    model_version_id = serializers.IntegerField(allow_null=True)
+    best = serializers.BooleanField()
+
+
+class SweepDetailSerializer(SweepSerializer):
+    trials = serializers.SerializerMethodField()
+    importances = serializers.SerializerMethodField()
+
+    class Meta(SweepSerializer.Meta):
+        fields = [*SweepSerializer.Meta.fields, "trials", "importances"]
+
+    @extend_schema_field(SweepTrialSerializer(many=True))
+    def get_trials(self, sweep: Sweep) -> list[dict]:
+        return SweepTrialSerializer(sweep_trials(sweep), many=True).data
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
+    def get_importances(self, sweep: Sweep) -> dict[str, float]:
+        """Each hyperparameter's share of the dev metric's variation (empty before two trials
+        have finished)."""
+        return param_importances(sweep, list(sweep.trials.all()))
+
+
+class SweepCreateSerializer(serializers.Serializer):
+    dataset_id = serializers.IntegerField()
+    dataset_version = serializers.IntegerField(help_text="The version's number in its dataset.")
+    space = serializers.DictField(
+        help_text="Per hyperparameter searched (learning_rate, batch_size, dropout, weight_decay, "
+        'epochs, warmup_ratio, max_seq_length): {"low", "high", "log"} or {"choices": [...]}.'
+    )
+    n_trials = serializers.IntegerField(default=10, min_value=2)
+    parallel = serializers.IntegerField(default=1, min_value=1)
+    backend = serializers.CharField(default="paddle")
+    base_model = serializers.CharField(required=False, allow_blank=True, default="")
+    preset = serializers.CharField(required=False, allow_blank=True, default="")
+    device_type = serializers.CharField(default="cpu")
+    metric = serializers.ChoiceField(
+        choices=["macro_f1", "micro_f1", "weighted_f1", "accuracy"], default="macro_f1"
+    )
+    hyperparameters = serializers.DictField(
+        required=False, default=dict, help_text="Those every trial shares (not searched)."
+    )
+    name = serializers.CharField(required=False, allow_blank=True, default="")
+    seed = serializers.IntegerField(default=0, min_value=0)

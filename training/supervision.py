@@ -32,6 +32,7 @@ from training.jobs import training_job_finish
 from training.launch import die_with_parent, runner_device, runner_popen_args, runner_sandbox
 from training.models import TrainingEvent, TrainingJob
 from training.registry import model_version_register
+from training.sweeps import sweep_trial_reported
 
 
 def job_workdir(job: TrainingJob) -> Path:
@@ -139,6 +140,9 @@ class _Supervisor:
         # Whom the runner runs as: once it exits, every process left of its own uid is killed
         # (one that kept the runner's output open would keep the job running).
         self.user: sandbox.RunnerUser | None = None
+        # A trial of a hyperparameter search reported a dev metric: its sweep's pruner is
+        # asked, once the event is stored, whether it goes on.
+        self.dev_reported = False
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
@@ -170,6 +174,8 @@ class _Supervisor:
             self.joined = self.joined or event["phase"] == "training"
         if kind == "error":
             self.error = event.get("message", "")
+        if kind == "metrics" and event.get("split") == "dev" and self.job.sweep_id:
+            self.dev_reported = True
         self._event(kind, event)
 
     def _event(self, kind: str, data: dict) -> None:
@@ -181,6 +187,14 @@ class _Supervisor:
         if self.pending:
             TrainingEvent.objects.bulk_create(self.pending)
             self.pending = []
+        if self.dev_reported:
+            self.dev_reported = False
+            try:
+                sweep_trial_reported(self.job.pk)  # pruned: cancel_requested, read below
+            except DatabaseError:
+                raise
+            except Exception as exc:  # the search's bookkeeping never stops the job
+                self._event("log", {"message": f"the hyperparameter search's pruner: {exc}"})
         TrainingJob.objects.filter(pk=self.job.pk, attempts=self.job.attempts).update(
             heartbeat_at=timezone.now(), **self.fields
         )

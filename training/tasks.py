@@ -1,7 +1,7 @@
 from celery import shared_task
 from django.db import DatabaseError
 
-from training import scheduling, supervision
+from training import scheduling, supervision, sweeps
 
 
 # No result is stored: a job that waited is sent again under the same task id, and Celery does
@@ -52,3 +52,16 @@ def run_training_job_part(job_id: int, part: int, attempt: int) -> None:
 def reconcile_training_jobs() -> None:
     """Scheduled by beat: queue again the running jobs whose worker stopped beating."""
     scheduling.training_jobs_reconcile()
+    sweeps.sweeps_reconcile()
+
+
+@shared_task(
+    acks_late=True,
+    autoretry_for=(DatabaseError,),
+    retry_backoff=2,
+    max_retries=10,
+    ignore_result=True,
+)
+def advance_sweep(sweep_id: int) -> None:
+    """A trial of the sweep ended (queue ``default``): queue the next, or end the search."""
+    sweeps.sweep_advance(sweep_id)

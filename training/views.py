@@ -21,10 +21,12 @@ from runtime.kinds import GENERATIVE_KINDS
 from runtime.presets import LLM_PRESETS, PRESETS
 from training import api, selectors
 from training.base_models import base_model_from_version, base_model_import
-from training.forms import BaseModelImportForm, JobForm, ModelImportForm
+from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import TrainingJob
 from training.registry import model_version_delete, model_version_import
+from training.sweeps import param_importances, sweep_create, sweep_trials
+from training.sweeps import sweep_cancel as sweep_cancel_service
 
 
 def _can(request: HttpRequest, perm: Perm) -> bool:
@@ -238,6 +240,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "version": version,
             "metrics": metrics,
             "heatmap": heatmap(metrics.get("confusion", {})),
+            "comparison": version.baseline_comparison,
             "mistakes": mistakes(version.evaluation),
             "can_write": _can(request, Perm.TRAINING_WRITE),
             "can_deploy": _can(request, Perm.DEPLOYMENT_WRITE),
@@ -323,3 +326,66 @@ def base_models(request: HttpRequest) -> HttpResponse:
             "can_write": _can(request, Perm.MODEL_IMPORT),
         },
     )
+
+
+@team_view()
+def sweeps(request: HttpRequest) -> HttpResponse:
+    return render_page(
+        request,
+        "training/sweeps.html",
+        selectors.team_sweeps(request.team),
+        {"can_write": _can(request, Perm.TRAINING_WRITE)},
+    )
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+def sweep_new(request: HttpRequest) -> HttpResponse:
+    initial = {"model": "preset:"}
+    if request.GET.get("version"):
+        initial["dataset_version"] = request.GET["version"]
+    form = SweepForm(
+        request.POST or None,
+        team=request.team,
+        base_models=selectors.team_base_models(request.team),
+        initial=initial,
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            sweep = sweep_create(actor=request.user, team=request.team, **form.sweep_fields())
+        except (ValidationError, PermissionDenied) as exc:
+            form.add_error(None, error_text(exc))
+        else:
+            return redirect("training:sweep", team=request.team.slug, sweep_id=sweep.pk)
+    return render(request, "training/sweep_new.html", {"form": form})
+
+
+@team_view()
+def sweep(request: HttpRequest, sweep_id: int) -> HttpResponse:
+    sweep = selectors.sweep_get(request.team, sweep_id)
+    importances = param_importances(sweep, list(sweep.trials.all()))
+    return render(
+        request,
+        "training/sweep.html",
+        {
+            "sweep": sweep,
+            "trials": sweep_trials(sweep),
+            "importances": [
+                {"name": k, "value": v, "percent": round(100 * v, 1)}
+                for k, v in sorted(importances.items(), key=lambda kv: -kv[1])
+            ],
+            "can_write": _can(request, Perm.TRAINING_WRITE),
+        },
+    )
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+@require_POST
+def sweep_cancel(request: HttpRequest, sweep_id: int) -> HttpResponse:
+    sweep = selectors.sweep_get(request.team, sweep_id)
+    try:
+        sweep_cancel_service(actor=request.user, sweep=sweep)
+    except ValidationError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, _("The hyperparameter search is cancelled."))
+    return redirect("training:sweep", team=request.team.slug, sweep_id=sweep.pk)

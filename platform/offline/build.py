@@ -168,12 +168,17 @@ def read_presets() -> dict:
             except ValueError:
                 continue
     presets = {}
-    for group, kind in (("PRESETS", "encoder"), ("LLM_PRESETS", "causal-lm")):
+    for group, kind in (
+        ("FAST_PRESETS", "fast"),
+        ("PRESETS", "encoder"),
+        ("LLM_PRESETS", "causal-lm"),
+    ):
         for name, config in dict(values.get(group) or {}).items():
             presets[name] = {"kind": kind, "config": config}
     return {
         "source": "runtime/presets.py",
         "note": "built from a config at training time; no weight files",
+        # On an accelerator; a CPU trains the task kind's fast preset.
         "default": values.get("DEFAULT_PRESET"),
         "default_llm": values.get("DEFAULT_LLM_PRESET"),
         "presets": presets,

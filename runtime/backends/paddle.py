@@ -1,11 +1,13 @@
-"""The paddle backend (default): PaddleNLP ERNIE heads per task kind, exported with
-``paddle.jit.save`` for Paddle Inference.
+"""The paddle backend (default): PaddleNLP ERNIE heads per task kind, or a fast preset's model
+(``runtime.backends.paddle_models``), exported with ``paddle.jit.save`` for Paddle Inference.
 
 - text_classification, text_pair: ``ErnieForSequenceClassification``, cross-entropy;
 - multi_label: the same head, a sigmoid and binary cross-entropy (threshold at prediction);
-- ner: ``ErnieForTokenClassification`` over BIO tags, one token per character.
+- ner: ``ErnieForTokenClassification`` over BIO tags, one token per character; a fast
+  preset's BiGRU-CRF takes the CRF's likelihood instead.
 """
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +17,7 @@ import numpy as np
 from runtime.backends import LoopBackend
 from runtime.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
 from runtime.loop import BEST, VOCAB
-from runtime.presets import PRESETS
+from runtime.presets import is_fast, preset_config
 from runtime.spec import JobSpec
 from runtime.weights import refuse_pickles
 
@@ -78,13 +80,11 @@ def paddle_device(spec: JobSpec) -> str:
 
 
 class PaddleOps:
+    # A fast preset's config.json (runtime.backends.paddle_models); None for an ERNIE model.
+    fast_config: dict | None = None
+
     def build(self, spec: JobSpec, space: LabelSpace, vocab_size: int) -> None:
         import paddle
-        from paddlenlp.transformers import (
-            ErnieConfig,
-            ErnieForSequenceClassification,
-            ErnieForTokenClassification,
-        )
         from paddlenlp.utils.log import logger
 
         logger.set_level("WARNING")  # not a log line per saved file
@@ -93,33 +93,25 @@ class PaddleOps:
         self.world = paddle.distributed.get_world_size()
         self.rank = paddle.distributed.get_rank()
         self.head = space.head
-        cls = ErnieForTokenClassification if space.head == TOKEN else ErnieForSequenceClassification
-        if spec.base_model_dir:
-            refuse_pickles(Path(spec.base_model_dir))
-            config = ErnieConfig.from_pretrained(spec.base_model_dir)
-            config.num_labels = space.num_outputs
-        else:
-            assert spec.preset, "a spec without a base model names a preset"
-            arch = {**PRESETS[spec.preset], **spec.model_config}
-            config = ErnieConfig(vocab_size=vocab_size, num_labels=space.num_outputs, **arch)
-        config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.hp.dropout
-        if spec.base_model_dir:
-            self.model = cls.from_pretrained(
-                spec.base_model_dir, config=config, use_safetensors=True
+        if is_fast(spec.preset):
+            from runtime.backends import paddle_models
+
+            self.fast_config = {
+                **preset_config(spec.preset or ""),
+                **spec.model_config,
+                "vocab_size": vocab_size,
+                "num_labels": space.num_outputs,
+                "dropout": spec.hp.dropout,
+            }
+            if self.fast_config["architecture"] == "ngram_bag":
+                self.fast_config["pair"] = spec.task_kind == "text_pair"
+            self.model = paddle_models.build(self.fast_config)
+            self.optimizer = paddle_models.optimizer(
+                self.model, spec.hp.learning_rate, spec.hp.weight_decay
             )
         else:
-            self.model = cls(config)
-        decay = [
-            p.name
-            for n, p in self.model.named_parameters()
-            if not any(k in n for k in ("bias", "norm"))
-        ]
-        self.optimizer = paddle.optimizer.AdamW(
-            learning_rate=spec.hp.learning_rate,
-            parameters=self.model.parameters(),
-            weight_decay=spec.hp.weight_decay,
-            apply_decay_param_fun=lambda name: name in decay,
-        )
+            self.model = self._ernie(spec, space, vocab_size)
+            self.optimizer = self._adamw(spec, self.model)
         self.amp = spec.hp.amp and spec.device_type != "cpu"
         self.amp_dtype = spec.hp.amp_dtype
         # float16's narrow range needs the loss scaled; bfloat16 has float32's range.
@@ -133,6 +125,42 @@ class PaddleOps:
             paddle.distributed.init_parallel_env()
             self.trained = paddle.DataParallel(self.model)
 
+    @staticmethod
+    def _adamw(spec: JobSpec, model):
+        import paddle
+
+        decay = [
+            p.name for n, p in model.named_parameters() if not any(k in n for k in ("bias", "norm"))
+        ]
+        return paddle.optimizer.AdamW(
+            learning_rate=spec.hp.learning_rate,
+            parameters=model.parameters(),
+            weight_decay=spec.hp.weight_decay,
+            apply_decay_param_fun=lambda name: name in decay,
+        )
+
+    @staticmethod
+    def _ernie(spec: JobSpec, space: LabelSpace, vocab_size: int):
+        from paddlenlp.transformers import (
+            ErnieConfig,
+            ErnieForSequenceClassification,
+            ErnieForTokenClassification,
+        )
+
+        cls = ErnieForTokenClassification if space.head == TOKEN else ErnieForSequenceClassification
+        if spec.base_model_dir:
+            refuse_pickles(Path(spec.base_model_dir))
+            config = ErnieConfig.from_pretrained(spec.base_model_dir)
+            config.num_labels = space.num_outputs
+        else:
+            assert spec.preset, "a spec without a base model names a preset"
+            arch = {**preset_config(spec.preset), **spec.model_config}
+            config = ErnieConfig(vocab_size=vocab_size, num_labels=space.num_outputs, **arch)
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = spec.hp.dropout
+        if spec.base_model_dir:
+            return cls.from_pretrained(spec.base_model_dir, config=config, use_safetensors=True)
+        return cls(config)
+
     def _forward(self, batch: dict[str, np.ndarray], model=None):
         import paddle
 
@@ -141,11 +169,13 @@ class PaddleOps:
             token_type_ids=paddle.to_tensor(batch["token_type_ids"]),
         )
 
-    def _loss(self, logits, labels: np.ndarray):
+    def _loss(self, logits, labels: np.ndarray, input_ids: np.ndarray):
         import paddle
         import paddle.nn.functional as F
 
         target = paddle.to_tensor(labels)
+        if hasattr(self.model, "loss"):  # a CRF: the likelihood of the tag path
+            return self.model.loss(logits, target, paddle.to_tensor(input_ids))
         if self.head == SINGLE:
             return F.cross_entropy(logits, target)
         if self.head == MULTI:
@@ -159,7 +189,9 @@ class PaddleOps:
 
         self.optimizer.set_lr(lr)
         with paddle.amp.auto_cast(enable=self.amp, dtype=self.amp_dtype):
-            loss = self._loss(self._forward(batch, self.trained), batch["labels"])
+            loss = self._loss(
+                self._forward(batch, self.trained), batch["labels"], batch["input_ids"]
+            )
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.minimize(self.optimizer, loss)
@@ -182,8 +214,31 @@ class PaddleOps:
         self.model.train()
         return out
 
+    def fit_statistics(self, items: list) -> None:
+        """What a fast model learns of its training rows before the first step (the wide
+        part's IDF); a checkpoint, when resuming, brings the same figures back."""
+        if hasattr(self.model, "fit_idf"):
+            self.model.fit_idf([e.enc.input_ids for e in items])
+
+    def agree_max(self, value: float) -> float:
+        """The largest ``value`` of the job's processes (a time budget's measurements)."""
+        import paddle
+
+        tensor = paddle.to_tensor([value], dtype="float64")
+        paddle.distributed.all_reduce(tensor, op=paddle.distributed.ReduceOp.MAX)
+        return float(tensor[0])
+
+    def transitions(self) -> np.ndarray | None:
+        """A CRF tagger's tag transitions, which decoding follows."""
+        return self.model.transitions() if hasattr(self.model, "transitions") else None
+
     def save(self, directory: Path, with_optimizer: bool) -> None:
-        self.model.save_pretrained(str(directory), safe_serialization=True)
+        if self.fast_config is not None:
+            from runtime.backends import paddle_models
+
+            paddle_models.save(self.model, self.fast_config, directory)
+        else:
+            self.model.save_pretrained(str(directory), safe_serialization=True)
         if with_optimizer:
             save_paddle_state(directory, self.optimizer.state_dict())
 
@@ -214,22 +269,35 @@ class PaddleBackend(LoopBackend):
             ErnieForTokenClassification,
         )
 
+        from runtime.backends import paddle_models
+
         paddle.set_device("cpu")  # export traces the graph; the runtime picks the device
-        kind = LabelSpace(spec.task_kind, tuple(spec.labels)).head
-        cls = ErnieForTokenClassification if kind == TOKEN else ErnieForSequenceClassification
-        model = cls.from_pretrained(str(workdir / BEST), use_safetensors=True)
+        files = {"params_file": "inference.pdiparams"}
+        if paddle_models.is_fast(workdir / BEST):
+            model, _config = paddle_models.load(workdir / BEST)
+            if hasattr(model, "transitions"):
+                (out_dir / paddle_models.CRF_FILE).write_text(
+                    json.dumps(model.transitions().tolist()), "utf-8"
+                )
+                files["crf_file"] = paddle_models.CRF_FILE
+        else:
+            kind = LabelSpace(spec.task_kind, tuple(spec.labels)).head
+            cls = ErnieForTokenClassification if kind == TOKEN else ErnieForSequenceClassification
+            model = cls.from_pretrained(str(workdir / BEST), use_safetensors=True)
         model.eval()
         static = paddle.jit.to_static(
             model,
             input_spec=[
                 InputSpec([None, None], "int64", name="input_ids"),
                 InputSpec([None, None], "int64", name="token_type_ids"),
-            ],
+            ][: 2 if getattr(model, "uses_token_types", lambda: True)() else 1],
             full_graph=True,
         )
         paddle.jit.save(static, str(out_dir / "inference"))
         shutil.copy(workdir / BEST / VOCAB, out_dir / VOCAB)
         model_file = next(
-            p.name for p in out_dir.iterdir() if p.suffix in (".json", ".pdmodel")
+            p.name
+            for p in out_dir.iterdir()
+            if p.stem == "inference" and p.suffix in (".json", ".pdmodel")
         )  # PIR programs are inference.json, the legacy format inference.pdmodel
-        return {"model_file": model_file, "params_file": "inference.pdiparams"}
+        return {"model_file": model_file, **files}

@@ -249,6 +249,14 @@ class TorchOps:
         self.model.train()
         return out
 
+    def agree_max(self, value: float) -> float:
+        """The largest ``value`` of the job's processes (a time budget's measurements)."""
+        import torch
+
+        tensor = torch.tensor([value], dtype=torch.float64)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return float(tensor[0])
+
     def save(self, directory: Path, with_optimizer: bool) -> None:
 
         self.model.save_pretrained(str(directory), safe_serialization=True)

@@ -38,6 +38,7 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
         shot_as="training-new-job",
         epochs=25,
         batch_size=8,
+        early_stopping_patience=0,  # long enough to watch it run
     )
 
     # The job page follows the run without a reload: the curves grow, the bar moves.
@@ -60,4 +61,7 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
     # Done: the page reloads once and links the model version.
     expect(status).to_have_attribute("data-status", "succeeded", timeout=120_000)
     open_report(page, ("正面", "负面"), "评论 v1")
+    # Beside the model, the baselines trained and scored on the same split (runtime.baselines).
+    expect(page.get_by_test_id("baseline-summary")).to_contain_text("tfidf_char_lr")
+    expect(page.get_by_test_id("baseline-per-label")).to_contain_text("负面")
     shot(page, "training-report")

@@ -51,7 +51,7 @@ def object_factories(team, owner) -> dict:
     from labeling.datasets import dataset_create, upload_create
     from labeling.projects import labeling_project_create
     from training.jobs import training_job_submit
-    from training.models import BaseModel, ModelVersion
+    from training.models import BaseModel, ModelVersion, Sweep
 
     def version():
         dataset = dataset_create(actor=owner, team=team, name="ds", task_kind="text_classification")
@@ -72,6 +72,9 @@ def object_factories(team, owner) -> dict:
         backend="paddle",
         runtime="paddle_inference",
         storage_prefix="y/",
+    )
+    sweep = Sweep.objects.create(
+        team=team, name="s", dataset_version=v, backend="paddle", n_trials=2, created_by=owner
     )
     upload = upload_create(actor=owner, team=team, filename="x.csv", size=10)
     from deployment.models import Endpoint, EndpointKey, Revision
@@ -97,6 +100,7 @@ def object_factories(team, owner) -> dict:
         "training_job_id": lambda: job.pk,
         "base_model_id": lambda: base.pk,
         "model_version_id": lambda: model_version.pk,
+        "sweep_id": lambda: sweep.pk,
         "endpoint_id": lambda: endpoint.pk,
         "revision_id": lambda: revision.pk,
         "endpoint_key_id": lambda: endpoint_key.pk,

@@ -56,7 +56,8 @@ def without_scores(pred: dict) -> dict:
 
 @pytest.mark.parametrize("kind", ["text_classification", "multi_label", "ner", "text_pair"])
 def test_train_export_evaluate(tmp_path: Path, events, kind: str) -> None:
-    workdir, spec = make_workdir(tmp_path, kind)
+    # Every epoch (counted below): no early stopping.
+    workdir, spec = make_workdir(tmp_path, kind, early_stopping_patience=0)
     evaluation = runner.run(workdir)
 
     export = workdir / "export"

@@ -49,7 +49,7 @@ def test_the_api_submits_lists_clones_and_cancels_a_job(api, team, make_dataset)
     assert response.status_code == 201, response.content
     job = response.json()
     assert job["status"] == "queued" and job["hyperparameters"]["epochs"] == 2
-    assert job["dataset_version"] == version.number and job["preset"] == "ernie-micro-char"
+    assert job["dataset_version"] == version.number and job["preset"] == "ngram-bag-char"
     assert [j["id"] for j in api.get(base).json()["results"]] == [job["id"]]
 
     TrainingEvent.objects.create(job_id=job["id"], kind="loss", data={"step": 1, "loss": 0.7})
@@ -99,11 +99,12 @@ def test_the_console_submits_a_job_and_shows_it(client, team, owner, make_datase
         "priority": 5,
         "metric": "macro_f1",
     }
-    response = client.post(new_job, {**form, "epochs": 3})
+    response = client.post(new_job, {**form, "epochs": 3, "max_minutes": 30})
     job = TrainingJob.objects.get()
     assert response.status_code == 302 and response["Location"].endswith(f"/training/{job.pk}/")
     assert job.preset == "ernie-tiny-char" and job.hyperparameters["epochs"] == 3
     assert job.hyperparameters["batch_size"] == 16  # left empty: the recommended value
+    assert job.hyperparameters["max_minutes"] == 30  # a time budget
     body = client.get(response["Location"]).content.decode()
     assert job.name in body and 'data-status="queued"' in body
     assert "epochs=3" in body
@@ -177,3 +178,77 @@ def test_a_multi_label_report_shows_each_labels_counts(client, team, owner, tmp_
     ).content.decode()
     assert 'data-testid="label-confusion"' in body and "物流" in body
     assert "<td>到货慢</td><td>物流</td><td>∅</td>" in body
+
+
+def _with_baselines(model_f1: float) -> dict:
+    """A report as runtime.run writes it: the model's metrics, the baselines', the comparison."""
+    per_label = {
+        "正面": {"precision": 0.9, "recall": 0.9, "f1": 0.9, "support": 5},
+        "负面": {"precision": 0.7, "recall": 0.7, "f1": 0.7, "support": 5},
+    }
+    majority = {"正面": {**per_label["正面"], "f1": 0.6667}, "负面": {**per_label["负面"], "f1": 0}}
+    return {
+        **EVALUATION,
+        "metrics": {**EVALUATION["metrics"], "macro_f1": model_f1},
+        "baselines": {
+            "train_rows": 40,
+            "majority": {"metrics": {"macro_f1": 0.333333, "per_label": majority}},
+            "classical": {
+                "name": "tfidf_char_lr",
+                "train_s": 0.42,
+                "metrics": {"macro_f1": 0.8, "per_label": per_label},
+            },
+        },
+        "comparison": {
+            "metric": "macro_f1",
+            "model": model_f1,
+            "baseline": 0.8,
+            "majority": 0.333333,
+            "beats_baseline": model_f1 > 0.8,
+        },
+    }
+
+
+def test_a_model_below_its_baseline_is_flagged_on_every_page(api, client, team, owner, tmp_path):
+    worse = stored_model(team, owner, tmp_path / "a", evaluation=_with_baselines(0.61))
+    better = stored_model(team, owner, tmp_path / "b", number=2, evaluation=_with_baselines(0.93))
+    old = stored_model(team, owner, tmp_path / "c", number=3, evaluation=EVALUATION)
+    client.force_login(owner)
+
+    def page(version) -> str:
+        url = reverse("training:model", kwargs={"team": team.slug, "model_version_id": version.pk})
+        return client.get(url).content.decode()
+
+    body = page(worse)
+    assert 'data-testid="baseline-warning"' in body and "does not beat its baseline" in body
+    assert "macro_f1: this model 0.6100, the classical baseline 0.8000" in body
+    assert 'data-testid="baseline-per-label"' in body and "tfidf_char_lr" in body
+    # Per label: this model, the classical baseline, the majority guess, the support.
+    assert "<td>负面</td><td>0.8000</td><td>0.7000</td><td>0.0000</td><td>5</td>" in body
+    assert '<td data-baseline="classical">0.8000</td><td>0.4 s</td>' in body
+
+    body = page(better)
+    assert 'data-testid="baselines"' in body and 'data-testid="baseline-warning"' not in body
+    assert '<td data-baseline="model">0.9300</td>' in body
+    body = page(old)  # a report from before the baselines: nothing about them
+    assert 'data-testid="baselines"' not in body and "baseline" not in body.lower()
+
+    listing = client.get(reverse("training:models", kwargs={"team": team.slug})).content.decode()
+    assert listing.count('data-testid="below-baseline"') == 1
+    compare = client.get(
+        reverse("training:models_compare", kwargs={"team": team.slug}),
+        {"ids": [worse.pk, better.pk, old.pk]},
+    ).content.decode()
+    assert compare.count('data-testid="compare-baseline"') == 3 and "below baseline" in compare
+
+    listed = api.get(f"/api/v1/teams/{team.slug}/models/").json()["results"]
+    by_number = {m["number"]: m["baseline_comparison"] for m in listed}
+    assert by_number[1]["beats_baseline"] is False and by_number[2]["beats_baseline"] is True
+    assert by_number[3] is None
+    assert by_number[1]["per_label"][1] == {
+        "label": "负面",
+        "model": 0.8,
+        "baseline": 0.7,
+        "majority": 0,
+        "support": 5,
+    }

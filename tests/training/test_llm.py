@@ -16,7 +16,14 @@ from training.base_models import base_model_from_version, base_model_import, ins
 from training.jobs import training_job_submit
 from training.models import ModelVersion
 
-FAST = {"epochs": 6, "batch_size": 8, "max_new_tokens": 16, "eval_generations": 8}
+# Every epoch (the history is counted): no early stopping.
+FAST = {
+    "epochs": 6,
+    "batch_size": 8,
+    "max_new_tokens": 16,
+    "eval_generations": 8,
+    "early_stopping_patience": 0,
+}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -43,14 +43,21 @@ def submit(owner, team, version, **kwargs) -> TrainingJob:
 
 def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner, version):
     job = submit(owner, team, version, hyperparameters={"epochs": 2, "seed": 7})
-    assert job.preset == "ernie-micro-char" and job.backend == "paddle"
+    # On a CPU, the kind's fast model; on an accelerator, a transformer.
+    assert job.preset == "ngram-bag-char" and job.backend == "paddle"
     assert job.hyperparameters["epochs"] == 2 and job.hyperparameters["seed"] == 7
-    assert job.hyperparameters["learning_rate"] == 1e-3  # from scratch: the preset's rate
+    # Early stopping is on unless asked otherwise; no time budget unless given one.
+    assert job.hyperparameters["early_stopping_patience"] == 3
+    assert job.hyperparameters["max_minutes"] == 0
+    assert job.hyperparameters["learning_rate"] == 3e-3  # the fast preset's rate
     assert job.labels == ["正面", "负面"]
     assert job.status == "queued" and job.celery_task_id
     assert job.hyperparameters["amp"] is False  # not on a CPU
     gpu = submit(owner, team, version, device_type="gpu")
     assert gpu.hyperparameters["amp"] is True  # the gpu profile supports it
+    assert gpu.preset == "ernie-tiny-char"
+    torch = submit(owner, team, version, backend="torch")
+    assert torch.preset == "ernie-micro-char"  # no fast model on torch
 
 
 @pytest.mark.parametrize(
@@ -58,6 +65,8 @@ def test_a_job_takes_the_recommended_hyperparameters_and_given_ones(team, owner,
     [
         ({"hyperparameters": {"epochs": 0}}, "epochs ≥ 1"),
         ({"hyperparameters": {"epochs": 2.5}}, "whole number"),
+        ({"hyperparameters": {"max_minutes": -1}}, "0 ≤ max_minutes ≤ 10080"),
+        ({"hyperparameters": {"max_minutes": 10081}}, "0 ≤ max_minutes ≤ 10080"),
         (
             {"hyperparameters": {"learning_rate": "fast"}},
             "learning_rate must be a number, not 'fast'",

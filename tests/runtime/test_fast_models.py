@@ -1,0 +1,117 @@
+"""The fast presets of CPU nodes (runtime.backends.paddle_models) end to end, in-process: the
+real runner trains, exports for Paddle Inference and evaluates each task kind; the export
+predicts what the trained model predicted; the CRF's path never breaks BIO."""
+
+import json
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("paddle")
+
+import runtime.run as runner
+from runtime import data
+from runtime.backends import paddle_models
+from runtime.backends.paddle import PaddleOps
+from runtime.inference import Predictor, read_manifest
+from runtime.loop import BEST, load_split, predict_rows
+from runtime.presets import FAST_PRESETS, default_preset, presets_for, recommended
+from runtime.spec import JobSpec
+from runtime.tokenizer import CharTokenizer
+from tests.helpers.workdir import make_workdir
+
+PRESET = {
+    "text_classification": "ngram-bag-char",
+    "multi_label": "ngram-bag-char",
+    "text_pair": "ngram-bag-char",
+    "ner": "bigru-crf-char",
+}
+
+
+def _decisions(pred: dict):
+    if "entities" in pred:
+        return [(e["start"], e["end"], e["label"]) for e in pred["entities"]]
+    return pred.get("label") or sorted(pred["labels"])
+
+
+@pytest.mark.parametrize("kind", list(PRESET))
+def test_a_fast_preset_trains_exports_and_serves_what_it_learned(tmp_path: Path, kind, monkeypatch):
+    monkeypatch.setattr(runner, "emit", lambda *a, **k: None)
+    hp = recommended(kind, preset=PRESET[kind])
+    workdir, spec = make_workdir(
+        tmp_path, kind, sizes=(160, 30, 40), learning_rate=hp.learning_rate, max_seq_length=32
+    )
+    spec.backend, spec.preset = "paddle", PRESET[kind]
+    spec.save(workdir)
+    evaluation = runner.run(workdir)
+
+    metric = "f1" if kind == "ner" else "micro_f1"
+    assert evaluation["metrics"][metric] >= 0.9, evaluation["metrics"]
+    config = json.loads((workdir / BEST / paddle_models.CONFIG).read_text("utf-8"))
+    assert config["architecture"] == FAST_PRESETS[PRESET[kind]]["architecture"]
+    manifest = read_manifest(workdir / "export")
+    assert manifest["runtime"] == "paddle_inference"
+    assert ("crf_file" in manifest) == (kind == "ner")
+
+    # The export (Paddle Inference) decides as the trained model did, row by row.
+    rows = load_split(workdir, "test", kind)
+    ops = PaddleOps()
+    tokenizer = CharTokenizer.from_file(workdir / BEST / "vocab.txt")
+    space = data.LabelSpace(kind, tuple(spec.labels))
+    ops.build(JobSpec.load(workdir), space, len(tokenizer.vocab))
+    ops.load(workdir / BEST, with_optimizer=False)
+    trained = predict_rows(ops, space, tokenizer, rows, spec.hp.max_seq_length, 0.5)
+    served = Predictor.load(workdir / "export").predict(rows)
+    assert [_decisions(p) for p in served] == [_decisions(p) for p in trained]
+
+
+def test_the_viterbi_path_follows_bio_and_the_transitions():
+    tags = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+    # Alone, each character's best tag would be O, I-PER, I-PER: an entity without its B.
+    emissions = np.array([[2.0, 0, 0, 0, 0], [0, 0, 3.0, 0, 0], [0, 0, 3.0, 0, 0]])
+    path = data.viterbi(emissions, np.zeros((5, 5)), tags)
+    assert [tags[i] for i in path] != ["O", "I-PER", "I-PER"]
+    assert all(
+        not tags[b].startswith("I-") or tags[a][2:] == tags[b][2:] for a, b in pairwise(path)
+    )
+    assert not tags[path[0]].startswith("I-")
+    # Transitions that favour B-LOC → I-LOC over staying outside win over weak emissions.
+    trans = np.zeros((5, 5))
+    trans[3, 4] = 5.0
+    path = data.viterbi(np.array([[0, 0, 0, 1.0, 0], [1.0, 0, 0, 0, 0]]), trans, tags)
+    assert [tags[i] for i in path] == ["B-LOC", "I-LOC"]
+    assert len(data.viterbi(np.zeros((0, 5)), trans, tags)) == 0
+
+
+def test_the_default_preset_depends_on_the_kind_and_the_device():
+    assert default_preset("text_classification") == "ngram-bag-char"
+    assert default_preset("text_pair") == "ngram-bag-char"
+    assert default_preset("ner") == "bigru-crf-char"
+    assert default_preset("ner", accelerated=True) == "ernie-tiny-char"
+    assert default_preset("ner", devices=2) == "ernie-micro-char"
+    assert default_preset("ner", backend="torch") == "ernie-micro-char"
+    assert "bigru-crf-char" not in presets_for("text_classification")
+    assert "ngram-bag-char" not in presets_for("text_classification", "torch")
+    assert default_preset("instruction") == "llama-tiny-char"
+
+
+def test_the_wide_part_hashes_in_numpy_as_in_the_graph():
+    import paddle
+
+    ids = np.array([2, 57, 301, 4, 57, 301, 3], dtype="int64")
+    padded = paddle.to_tensor(np.concatenate([ids, [0, 0]])[None, :])
+    for n in paddle_models.WIDE_ORDERS:
+        offsets = paddle_models._ending_at(n)
+        graph = paddle_models._gram_ids(padded, offsets, 1000, n).numpy()[0, : len(ids)]
+        assert (paddle_models._np_gram_ids(ids, offsets, 1000, n) == graph).all()
+    # IDF: an n-gram in every row weighs least; one that repeats counts once per row.
+    model = paddle_models.build(
+        {"architecture": "ngram_bag", "vocab_size": 400, "num_labels": 2, "wide_buckets": 1000}
+    )
+    model.fit_idf([[2, 57, 3], [2, 57, 57, 3], [2, 301, 3]])
+    idf = model.idf.numpy()[:, 0]
+    common = paddle_models._np_gram_ids(np.array([57]), (0,), 1000, 1)[0]
+    rare = paddle_models._np_gram_ids(np.array([301]), (0,), 1000, 1)[0]
+    assert idf[common] < idf[rare]
