@@ -17,6 +17,7 @@ from deployment.hosts import HostError, endpoint_chat, endpoint_predict
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.metrics import metrics_collect
 from deployment.preannotate import preannotate_start
+from deployment.quality import compare_with_serving
 from deployment.rollout import (
     endpoint_delete,
     endpoint_deploy,
@@ -28,14 +29,17 @@ from deployment.rollout import (
 from deployment.serializers import (
     CanarySerializer,
     ChatSerializer,
+    ComparisonSerializer,
     DeploySerializer,
     EndpointDetailSerializer,
+    EndpointPromotedSerializer,
     EndpointSerializer,
     KeyCreatedSerializer,
     KeyCreateSerializer,
     KeySerializer,
     PreannotateSerializer,
     PredictSerializer,
+    RevisionCreatedSerializer,
     RevisionSerializer,
     WeightSerializer,
 )
@@ -84,12 +88,29 @@ class EndpointDetail(DeploymentAPIView):
 
 
 class RevisionCreate(DeploymentAPIView):
-    @extend_schema(request=CanarySerializer, responses={201: RevisionSerializer})
+    # The answer has the canary beside the serving version: a worse one is warned, not refused.
+    @extend_schema(request=CanarySerializer, responses={201: RevisionCreatedSerializer})
     def post(self, request: Request, team: str, endpoint_id: int) -> Response:
         endpoint = self.endpoint()
         data = validated_with_model_version(CanarySerializer, request)
         revision = service_call(revision_add, actor=request.user, endpoint=endpoint, **data)
-        return created(RevisionSerializer, revision)
+        return created(RevisionCreatedSerializer, revision)
+
+
+class EndpointCompare(DeploymentAPIView):
+    """A model version of the team beside the one the endpoint serves, before a canary."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("model_version", int, required=True)],
+        responses=ComparisonSerializer,
+    )
+    def get(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        version_id = request.query_params.get("model_version", "")
+        if not version_id.isdigit():
+            raise ValidationError({"model_version": _("A model version's id is required.")})
+        version = model_version_get(request.team, int(version_id))
+        return Response({"comparison": compare_with_serving(endpoint, version)})
 
 
 class RevisionDetail(DeploymentAPIView):
@@ -106,11 +127,11 @@ class RevisionDetail(DeploymentAPIView):
 
 
 class RevisionPromote(DeploymentAPIView):
-    @extend_schema(request=None, responses=EndpointDetailSerializer)
+    @extend_schema(request=None, responses=EndpointPromotedSerializer)
     def post(self, request: Request, team: str, endpoint_id: int, revision_id: int) -> Response:
         revision = selectors.revision_get(self.endpoint(), revision_id)
-        service_call(revision_promote, actor=request.user, revision=revision)
-        return Response(endpoint_detail(self.endpoint()))
+        promoted = service_call(revision_promote, actor=request.user, revision=revision)
+        return Response({**endpoint_detail(self.endpoint()), "comparison": promoted.comparison})
 
 
 class EndpointRollback(DeploymentAPIView):

@@ -19,6 +19,7 @@ from console.hardware import profiles
 from console.models import Team
 from console.services import audit_record
 from deployment.models import Endpoint, Revision
+from deployment.quality import audit_data, compare_with_serving
 from deployment.reconcile import converge_soon
 from runtime.kinds import GENERATIVE_KINDS
 from serving.engines import BUILTIN, ENGINES
@@ -189,6 +190,8 @@ def revision_add(
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
     if not 0 <= weight <= 100:
         raise ValidationError(_("A traffic share is between 0 and 100 %."))
+    # The quality gate warns (deployment.quality); it never refuses: the user decided.
+    comparison = compare_with_serving(endpoint, model_version)
     revision = _new_revision(
         endpoint,
         model_version,
@@ -206,9 +209,15 @@ def revision_add(
         actor=actor,
         team=endpoint.team,
         target=endpoint,
-        data={"revision": revision.number, "model_version": str(model_version), "weight": weight},
+        data={
+            "revision": revision.number,
+            "model_version": str(model_version),
+            "weight": weight,
+            **audit_data(comparison),
+        },
     )
     converge_soon()
+    revision.comparison = comparison
     return revision
 
 
@@ -250,6 +259,7 @@ def revision_promote(*, actor: AbstractBaseUser, revision: Revision) -> Revision
         raise ValidationError(_("A retired revision cannot be promoted; add it again."))
     if revision.pk == endpoint.stable_revision_id:
         raise ValidationError(_("This revision is already the stable one."))
+    comparison = compare_with_serving(endpoint, revision.model_version)
     _retire(_active(endpoint).exclude(pk=revision.pk))
     revision.weight = 100
     revision.replaced_id = endpoint.stable_revision_id
@@ -262,9 +272,14 @@ def revision_promote(*, actor: AbstractBaseUser, revision: Revision) -> Revision
         actor=actor,
         team=endpoint.team,
         target=endpoint,
-        data={"revision": revision.number, "model_version": str(revision.model_version)},
+        data={
+            "revision": revision.number,
+            "model_version": str(revision.model_version),
+            **audit_data(comparison),
+        },
     )
     converge_soon()
+    revision.comparison = comparison
     return revision
 
 

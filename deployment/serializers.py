@@ -41,6 +41,25 @@ class RevisionSerializer(serializers.ModelSerializer):
         ]
 
 
+COMPARISON_HELP = (
+    "The model version beside the one the endpoint serves (deployment.quality): metric, serving"
+    " and candidate (value, split, rows, dataset_version), delta, per_label F1, same_split,"
+    " worse, tolerance, caveat; null where nothing compares (nothing served yet, a generative"
+    " model)."
+)
+
+
+class RevisionCreatedSerializer(RevisionSerializer):
+    comparison = serializers.JSONField(read_only=True, allow_null=True, help_text=COMPARISON_HELP)
+
+    class Meta(RevisionSerializer.Meta):
+        fields = [*RevisionSerializer.Meta.fields, "comparison"]
+
+
+class ComparisonSerializer(serializers.Serializer):
+    comparison = serializers.JSONField(read_only=True, allow_null=True, help_text=COMPARISON_HELP)
+
+
 class EndpointSerializer(serializers.ModelSerializer):
     url = serializers.SerializerMethodField()
     stable_revision = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
@@ -71,6 +90,15 @@ class EndpointDetailSerializer(EndpointSerializer):
 
     def get_revisions(self, endpoint: Endpoint) -> list[dict]:
         return RevisionSerializer(self.context["revisions"], many=True).data
+
+
+class EndpointPromotedSerializer(EndpointDetailSerializer):
+    """The endpoint after a promotion, with the promoted version beside the one it replaced."""
+
+    comparison = serializers.JSONField(read_only=True, allow_null=True, help_text=COMPARISON_HELP)
+
+    class Meta(EndpointDetailSerializer.Meta):
+        fields = [*EndpointDetailSerializer.Meta.fields, "comparison"]
 
 
 class KnobsSerializer(serializers.Serializer):

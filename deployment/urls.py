@@ -36,6 +36,7 @@ urlpatterns = [
         name="api_revision_promote",
     ),
     path(AE + "rollback/", api.EndpointRollback.as_view(), name="api_endpoint_rollback"),
+    path(AE + "compare/", api.EndpointCompare.as_view(), name="api_endpoint_compare"),
     path(AE + "keys/", api.KeyListCreate.as_view(), name="api_keys"),
     path(AE + "keys/<int:endpoint_key_id>/revoke/", api.KeyRevoke.as_view(), name="api_key_revoke"),
     path(AE + "metrics/", api.EndpointMetrics.as_view(), name="api_endpoint_metrics"),

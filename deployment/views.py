@@ -19,6 +19,7 @@ from deployment import rollout, selectors
 from deployment.forms import CanaryForm, DeployForm, KeyForm, PreannotateForm
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.preannotate import preannotate_start
+from deployment.quality import compare_with_serving
 from labeling.selectors import labeling_project_get
 from runtime.kinds import GENERATIVE_KINDS
 
@@ -87,6 +88,13 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
     keys, keys_query = paginate(request, selectors.endpoint_keys(endpoint), param="keys")
     can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
     generative = endpoint.task_kind in GENERATIVE_KINDS
+    # Each running canary beside the serving version (the quality gate, deployment.quality).
+    canaries = [
+        (r, comparison)
+        for r in active
+        if r.pk != endpoint.stable_revision_id
+        and (comparison := compare_with_serving(endpoint, r.model_version))
+    ]
     return render(
         request,
         "deployment/endpoint.html",
@@ -105,6 +113,8 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
             "new_key": new_key,
             "key_form": KeyForm(),
             "canary_form": CanaryForm(endpoint=endpoint),
+            "canaries": canaries,
+            "worse_canaries": {r.pk for r, comparison in canaries if comparison["worse"]},
             "can_write": can_write,
             "can_roll_back": len(active) > 1
             or bool(endpoint.stable_revision and endpoint.stable_revision.replaced_id),
@@ -129,6 +139,15 @@ def endpoint_canary(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     form = CanaryForm(request.POST, endpoint=endpoint)
     if not form.is_valid():
         return _form_refused(request, endpoint, form)
+    # A version worse than the serving one is shown with the comparison first: the user
+    # confirms (or not); nothing is refused.
+    comparison = compare_with_serving(endpoint, form.cleaned_data["model_version"])
+    if comparison and comparison["worse"] and not request.POST.get("confirm_worse"):
+        return render(
+            request,
+            "deployment/canary_confirm.html",
+            {"endpoint": endpoint, "form": form, "comparison": comparison},
+        )
     return _action(
         request,
         endpoint,

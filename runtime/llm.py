@@ -20,17 +20,7 @@ import numpy as np
 from runtime import data
 from runtime.backends import Emit
 from runtime.chat import ChatTokenizer, SftExample, build_char_tokenizer, encode_row, pack
-from runtime.loop import (
-    BEST,
-    CHECKPOINT,
-    Budget,
-    _recover,
-    ended_early,
-    learning_rate,
-    resume_state,
-    save_weights,
-    step_done,
-)
+from runtime.loop import BEST, Budget, Progress, recovered_checkpoint, resume_state
 from runtime.metrics import rouge_l
 from runtime.spec import JobSpec
 
@@ -200,9 +190,7 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
         f"{total} steps of {hp.batch_size * accum} sequences, objective {objective}, "
         f"method {hp.method}",
     )
-    checkpoint = workdir / CHECKPOINT
-    _recover(checkpoint)
-    _recover(workdir / BEST)
+    checkpoint = recovered_checkpoint(workdir)
     ops.build(spec, tok)
     state = resume_state(ops, checkpoint, emit)
     budget = Budget(
@@ -223,17 +211,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
         if reference:
             np.save(tmp / REFERENCE, reference["train"])
 
-    def save_checkpoint() -> None:
-        state["elapsed_s"] = round(budget.elapsed(), 3)
-        save_weights(ops, checkpoint, state, with_optimizer=True, more=save_reference)
-        emit("checkpoint", step=state["step"], epoch=state["epoch"])
-
-    def save_best() -> None:
-        save_weights(ops, workdir / BEST, {"step": state["step"]})
-
-    def probe_eval() -> float:
-        """An epoch end's seconds before one was measured: the loss of a few dev examples
-        (scaled to the split), and a checkpoint (a real one, of this step)."""
+    def probe() -> float:
+        """The loss of a few dev examples, scaled to the split."""
         t0 = time.perf_counter()
         dev = examples["dev"]
         sample = dev[: hp.batch_size * 2]
@@ -241,22 +220,27 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
             ref = reference.get("dev")
             ref = None if ref is None else ref[: len(sample)]
             _loss_metrics(ops, objective, sample, ref, tok, hp)
-        predicted = (time.perf_counter() - t0) * len(dev) / max(1, len(sample))
-        t0 = time.perf_counter()
-        state["epoch"] = epoch  # mid-epoch, as step_done saves one
-        save_checkpoint()
-        return predicted + time.perf_counter() - t0
+        return (time.perf_counter() - t0) * len(dev) / max(1, len(sample))
 
+    def dev_loss() -> tuple[dict[str, Any], float]:
+        metrics = _loss_metrics(ops, objective, examples["dev"], reference.get("dev"), tok, hp)
+        return metrics, -metrics["loss"]  # lower loss is better
+
+    progress = Progress(
+        spec,
+        state,
+        emit,
+        budget,
+        ops=ops,
+        workdir=workdir,
+        per_step=hp.batch_size * accum,
+        probe=probe,
+        checkpoint_files=save_reference,
+    )
     emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))
     collate = collate_sft if objective == "sft" else collate_dpo
     order = list(range(len(train)))
-    samples, busy = 0, 0.0
-    stopped = False
-    for epoch in range(state["epoch"], hp.epochs):
-        if state["step"] >= budget.total:
-            break
-        skip = state["step"] - epoch * per_epoch
-        last_report = 0.0
+    for epoch, skip in progress.epochs():
         rng = np.random.default_rng(hp.seed + epoch)
         shuffled = [order[i] for i in rng.permutation(len(order))]
         groups = [shuffled[i : i + hp.batch_size] for i in range(0, len(shuffled), hp.batch_size)][
@@ -267,8 +251,9 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
                 continue
             if state["step"] >= budget.total:
                 break
-            t0 = time.perf_counter()
+            lr = progress.begin_step()
             figures: dict[str, float] = {}
+            samples = 0
             for group in groups[s * accum : (s + 1) * accum]:
                 batch = collate([train[i] for i in group], tok.pad_id)
                 if objective == "dpo":
@@ -279,56 +264,12 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: LLMOps) -> dict:
                 for k, v in out.items():
                     figures[k] = figures.get(k, 0.0) + v / accum
                 samples += len(group)
-            ops.update(learning_rate(spec, state["step"], budget.total))
-            busy += time.perf_counter() - t0
-            last_report = step_done(
-                emit,
-                spec,
-                state,
-                loss=figures["loss"],
-                total=budget.total,
-                epoch=epoch,
-                last_of_epoch=s == per_epoch - 1,
-                samples=samples,
-                busy=busy,
-                per_step=hp.batch_size * accum,
-                last_report=last_report,
-                save_checkpoint=save_checkpoint,
-                epochs=budget.epochs(),
-            )
-            budget.stepped(state, time.perf_counter() - t0, probe_eval)
-        state["epoch"] = epoch + 1
-        ending = time.perf_counter()
-        if examples["dev"]:
-            metrics = _loss_metrics(ops, objective, examples["dev"], reference.get("dev"), tok, hp)
-            state["history"].append({"step": state["step"], "epoch": epoch + 1, **metrics})
-            emit("metrics", step=state["step"], epoch=epoch + 1, split="dev", metrics=metrics)
-            value = -metrics["loss"]  # lower loss is better
-            if state["best"] is None or value > state["best"]:
-                state.update(best=value, best_step=state["step"], bad_evals=0)
-                save_best()
-            else:
-                state["bad_evals"] += 1
-        else:
-            state["best_step"] = state["step"]
-            save_best()
-        save_checkpoint()
-        budget.evaluated(time.perf_counter() - ending)
-        budget.plan(state, probe_eval)
-        if hp.early_stopping_patience and state["bad_evals"] >= hp.early_stopping_patience:
-            emit(
-                "log",
-                message=f"early stopping after epoch {epoch + 1}: the dev loss has not "
-                f"improved for {state['bad_evals']} evaluations",
-            )
-            stopped = True
-            break
-    if not (workdir / BEST / "state.json").exists():
-        save_best()
-    if not stopped:
-        budget.stopped(state)
-    ended_early(emit, state, total, samples, busy)
-    state["samples_per_s"] = round(samples / busy, 2) if busy else None
+            ops.update(lr)
+            progress.end_step(figures["loss"], samples, last_of_epoch=s == per_epoch - 1)
+        progress.end_epoch(
+            dev_loss if examples["dev"] else None, what="the dev loss", show_best=False
+        )
+    progress.finish(total)
     state["peak_memory_mb"] = ops.peak_memory_mb()
 
     emit("state", phase="evaluating")

@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -371,6 +371,160 @@ def ended_early(emit: Emit, state: dict[str, Any], total: int, samples: int, bus
         )
 
 
+def recovered_checkpoint(workdir: Path) -> Path:
+    """The job's checkpoint directory, it and ``best/`` made whole after a kill mid-write."""
+    checkpoint = workdir / CHECKPOINT
+    _recover(checkpoint)
+    _recover(workdir / BEST)
+    return checkpoint
+
+
+class Progress:
+    """What every training loop does around its own steps and evaluation: the epochs left (a
+    resumed one without the steps already done), each step timed (throughput, time budget) and
+    reported (``step_done``), each epoch's end (the dev figures, the best weights, early
+    stopping, the checkpoint, the budget's plan) and the end of training. ``checkpoint_files``
+    and ``best_files`` write what a loop keeps beside the weights; a process that does not
+    write (``writes`` False: a multi-device job's others) saves nothing. ``probe()``: a dev
+    evaluation's seconds, estimated before one was measured."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        state: dict[str, Any],
+        emit: Emit,
+        budget: Budget,
+        *,
+        ops: _Checkpointed,
+        workdir: Path,
+        per_step: int,
+        probe: Callable[[], float],
+        checkpoint_files: Callable[[Path], None] | None = None,
+        best_files: Callable[[Path], None] | None = None,
+        writes: bool = True,
+    ) -> None:
+        self.spec, self.state, self.emit, self.budget = spec, state, emit, budget
+        self.ops, self.workdir, self.per_step, self.probe = ops, workdir, per_step, probe
+        self.checkpoint_files, self.best_files, self.writes = checkpoint_files, best_files, writes
+        self.epoch = state["epoch"]
+        self.samples, self.busy, self.last_report, self.stopped = 0, 0.0, 0.0, False
+        self.step_started = 0.0
+
+    def save_checkpoint(self) -> None:
+        self.state["elapsed_s"] = round(self.budget.elapsed(), 3)
+        if not self.writes:
+            return
+        save_weights(
+            self.ops,
+            self.workdir / CHECKPOINT,
+            self.state,
+            with_optimizer=True,
+            more=self.checkpoint_files,
+        )
+        self.emit("checkpoint", step=self.state["step"], epoch=self.state["epoch"])
+
+    def save_best(self) -> None:
+        if self.writes:
+            save_weights(
+                self.ops, self.workdir / BEST, {"step": self.state["step"]}, more=self.best_files
+            )
+
+    def probe_eval(self) -> float:
+        """An epoch end's seconds before one was measured: ``probe()`` and a checkpoint (a
+        real one, of this step)."""
+        predicted = self.probe()
+        t0 = time.perf_counter()
+        self.state["epoch"] = self.epoch  # mid-epoch, as step_done saves one
+        self.save_checkpoint()
+        return predicted + time.perf_counter() - t0
+
+    def epochs(self) -> Iterator[tuple[int, int]]:
+        """The epochs left, each with how many of its steps a resumed job already did; none
+        once early stopping or the total of steps ended training."""
+        for epoch in range(self.state["epoch"], self.spec.hp.epochs):
+            if self.stopped or self.state["step"] >= self.budget.total:
+                return
+            self.epoch, self.last_report = epoch, 0.0
+            yield epoch, self.state["step"] - epoch * self.budget.per_epoch
+
+    def begin_step(self) -> float:
+        """Before an optimizer step: its learning rate."""
+        self.step_started = time.perf_counter()
+        return learning_rate(self.spec, self.state["step"], self.budget.total)
+
+    def end_step(self, loss: float, samples: int, *, last_of_epoch: bool) -> None:
+        """After an optimizer step on ``samples`` samples, of ``loss``."""
+        t0 = self.step_started
+        self.busy += time.perf_counter() - t0
+        self.samples += samples
+        self.last_report = step_done(
+            self.emit,
+            self.spec,
+            self.state,
+            loss=loss,
+            total=self.budget.total,
+            epoch=self.epoch,
+            last_of_epoch=last_of_epoch,
+            samples=self.samples,
+            busy=self.busy,
+            per_step=self.per_step,
+            last_report=self.last_report,
+            save_checkpoint=self.save_checkpoint,
+            epochs=self.budget.epochs(),
+        )
+        self.budget.stepped(self.state, time.perf_counter() - t0, self.probe_eval)
+
+    def end_epoch(
+        self,
+        evaluate: Callable[[], tuple[dict[str, Any], float]] | None,
+        *,
+        what: str,
+        lower_is_better: bool = False,
+        show_best: bool = True,
+    ) -> None:
+        """After an epoch: ``evaluate()`` gives the dev figures and the one that picks the best
+        weights (``what`` it is, for early stopping's message); None where there is no dev
+        split: the last weights are the best."""
+        state, epoch = self.state, self.epoch
+        state["epoch"] = epoch + 1
+        ending = time.perf_counter()
+        if evaluate is not None:
+            metrics, value = evaluate()
+            state["history"].append({"step": state["step"], "epoch": epoch + 1, **metrics})
+            self.emit("metrics", step=state["step"], epoch=epoch + 1, split="dev", metrics=metrics)
+            best = state["best"]
+            if best is None or (value < best if lower_is_better else value > best):
+                state.update(best=value, best_step=state["step"], bad_evals=0)
+                self.save_best()
+            else:
+                state["bad_evals"] += 1
+            patience = self.spec.hp.early_stopping_patience
+            if patience and state["bad_evals"] >= patience:
+                shown = f" (best {state['best']:.4f})" if show_best else ""
+                self.emit(
+                    "log",
+                    message=f"early stopping after epoch {epoch + 1}: {what} has not improved "
+                    f"for {state['bad_evals']} evaluations{shown}",
+                )
+                self.stopped = True
+        else:
+            state["best_step"] = state["step"]
+            self.save_best()
+        self.save_checkpoint()
+        self.budget.evaluated(time.perf_counter() - ending)
+        self.budget.plan(state, self.probe_eval)
+
+    def finish(self, total: int) -> None:
+        """The best weights are the last where no evaluation kept any; the progress ends where
+        training did (of ``total`` steps)."""
+        if not (self.workdir / BEST / "state.json").exists():
+            self.save_best()
+        if not self.stopped:
+            self.budget.stopped(self.state)
+        ended_early(self.emit, self.state, total, self.samples, self.busy)
+        self.state["samples_per_s"] = round(self.samples / self.busy, 2) if self.busy else None
+
+
 def _silent(*args, **kwargs) -> None:
     pass
 
@@ -405,12 +559,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         f"{len(tokenizer.vocab)} tokens in the vocabulary, {total} steps",
     )
 
-    checkpoint = workdir / CHECKPOINT
-    _recover(checkpoint)
-    _recover(workdir / BEST)
+    checkpoint = recovered_checkpoint(workdir)
     ops.build(spec, space, len(tokenizer.vocab))
-    if hasattr(ops, "fit_statistics"):  # figures of the training rows (a fast model's IDF)
-        ops.fit_statistics(items)
     # A multi-device job runs this loop in every process: each trains on its share of every
     # batch (the framework averages the gradients), all evaluate alike so that they stop alike,
     # and only the first reports and writes.
@@ -434,40 +584,48 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     def save_vocab(tmp: Path) -> None:
         tokenizer.save(tmp / VOCAB)
 
-    def save_checkpoint() -> None:
-        state["elapsed_s"] = round(budget.elapsed(), 3)
-        if rank:
-            return
-        save_weights(ops, checkpoint, state, with_optimizer=True, more=save_vocab)
-        emit("checkpoint", step=state["step"], epoch=state["epoch"])
-
-    def save_best() -> None:
-        if rank:
-            return
-        save_weights(ops, workdir / BEST, {"step": state["step"]}, more=save_vocab)
-
-    def probe_eval() -> float:
-        """An epoch end's seconds before one was measured: predictions for a few dev rows
-        (scaled to the split), and a checkpoint (a real one, of this step)."""
+    def probe() -> float:
+        """Predictions for a few dev rows, scaled to the split."""
         t0 = time.perf_counter()
         sample = dev_rows[:64]
         if sample:
             predict_rows(ops, space, tokenizer, sample, hp.max_seq_length, hp.threshold)
-        predicted = (time.perf_counter() - t0) * len(dev_rows) / max(1, len(sample))
-        t0 = time.perf_counter()
-        state["epoch"] = epoch  # mid-epoch, as step_done saves one
-        save_checkpoint()
-        return predicted + time.perf_counter() - t0
+        return (time.perf_counter() - t0) * len(dev_rows) / max(1, len(sample))
 
+    def dev_metrics() -> tuple[dict[str, Any], float]:
+        preds = predict_rows(ops, space, tokenizer, dev_rows, hp.max_seq_length, hp.threshold)
+        metrics = evaluate(spec.task_kind, list(space.labels), dev_rows, preds)
+        value = float(metrics.get(hp.metric, metrics.get("micro_f1", 0.0)))
+        return {k: v for k, v in metrics.items() if isinstance(v, int | float)}, value
+
+    progress = Progress(
+        spec,
+        state,
+        emit,
+        budget,
+        ops=ops,
+        workdir=workdir,
+        per_step=hp.batch_size,
+        probe=probe,
+        checkpoint_files=save_vocab,
+        best_files=save_vocab,
+        writes=not rank,
+    )
+    if state["step"] == 0 and hasattr(ops, "warm_start"):
+        # A model that starts from a solved part (a fast preset's classical wide part) is
+        # scored before its first step: training keeps that start unless it does better.
+        message = ops.warm_start(items)
+        if message:
+            emit("log", message=message)
+            if dev_rows:
+                metrics, value = dev_metrics()
+                state.update(best=value, best_step=0, bad_evals=0)
+                state["history"].append({"step": 0, "epoch": 0, **metrics})
+                emit("metrics", step=0, epoch=0, split="dev", metrics=metrics)
+                progress.save_best()
     # Model building (framework import, vocabulary, encoding, the model): apart from the steps.
     emit("state", phase="training", build_s=round(time.perf_counter() - started, 3))
-    samples, busy = 0, 0.0
-    stopped = False
-    for epoch in range(state["epoch"], hp.epochs):
-        if state["step"] >= budget.total:
-            break
-        skip = state["step"] - epoch * per_epoch
-        last_report = 0.0
+    for epoch, skip in progress.epochs():
         for i, batch in enumerate(data.batches(items, hp.batch_size, shuffle_seed=hp.seed + epoch)):
             if i < skip:
                 continue
@@ -479,62 +637,11 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
                 share = batch[rank::world]
             else:
                 share = batch
-            t0 = time.perf_counter()
-            feed = data.collate(share, tokenizer.pad_id, space.head)
-            loss = ops.train_step(feed, learning_rate(spec, state["step"], budget.total))
-            busy += time.perf_counter() - t0
-            samples += len(batch)
-            last_report = step_done(
-                emit,
-                spec,
-                state,
-                loss=loss,
-                total=budget.total,
-                epoch=epoch,
-                last_of_epoch=i == per_epoch - 1,
-                samples=samples,
-                busy=busy,
-                per_step=hp.batch_size,
-                last_report=last_report,
-                save_checkpoint=save_checkpoint,
-                epochs=budget.epochs(),
-            )
-            budget.stepped(state, time.perf_counter() - t0, probe_eval)
-        state["epoch"] = epoch + 1
-        ending = time.perf_counter()
-        if dev_rows:
-            preds = predict_rows(ops, space, tokenizer, dev_rows, hp.max_seq_length, hp.threshold)
-            metrics = evaluate(spec.task_kind, list(space.labels), dev_rows, preds)
-            value = float(metrics.get(hp.metric, metrics.get("micro_f1", 0.0)))
-            summary = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-            state["history"].append({"step": state["step"], "epoch": epoch + 1, **summary})
-            emit("metrics", step=state["step"], epoch=epoch + 1, split="dev", metrics=summary)
-            if state["best"] is None or value > state["best"]:
-                state.update(best=value, best_step=state["step"], bad_evals=0)
-                save_best()
-            else:
-                state["bad_evals"] += 1
-            if hp.early_stopping_patience and state["bad_evals"] >= hp.early_stopping_patience:
-                emit(
-                    "log",
-                    message=f"early stopping after epoch {epoch + 1}: {hp.metric} has not "
-                    f"improved for {state['bad_evals']} evaluations (best {state['best']:.4f})",
-                )
-                stopped = True
-        else:
-            state["best_step"] = state["step"]
-            save_best()
-        save_checkpoint()
-        budget.evaluated(time.perf_counter() - ending)
-        budget.plan(state, probe_eval)
-        if stopped:
-            break
-    if not (workdir / BEST / "state.json").exists():
-        save_best()
-    if not stopped:
-        budget.stopped(state)
-    ended_early(emit, state, total, samples, busy)
-    state["samples_per_s"] = round(samples / busy, 2) if busy else None
+            lr = progress.begin_step()
+            loss = ops.train_step(data.collate(share, tokenizer.pad_id, space.head), lr)
+            progress.end_step(loss, len(batch), last_of_epoch=i == per_epoch - 1)
+        progress.end_epoch(dev_metrics if dev_rows else None, what=hp.metric)
+    progress.finish(total)
     return state
 
 

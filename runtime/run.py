@@ -51,6 +51,8 @@ def run(workdir: Path) -> dict:
     state = backend.train(spec, workdir, emit) or {}
     if process_rank():
         return {}  # a multi-device job: the first process exports and evaluates
+    if spec.objective == "mlm":  # pretraining (runtime.mlm): best/ is the result, no export
+        return _generative_evaluation(workdir, state)
 
     emit("state", phase="exporting")
     export = workdir / "export"

@@ -67,6 +67,9 @@ class Hyperparameters:
     # Generations for held-out prompts in the evaluation.
     max_new_tokens: int = 64
     eval_generations: int = 20
+    # Masked language modelling (objective "mlm", runtime.mlm): the share of characters
+    # predicted (BERT's 15%: 80% [MASK], 10% a random character, 10% unchanged).
+    mlm_probability: float = 0.15
 
     @classmethod
     def from_dict(cls, data: dict) -> "Hyperparameters":
@@ -83,6 +86,8 @@ class JobSpec:
     task_kind: str
     labels: list[str]
     backend: str = "paddle"
+    # "" trains the task kind's model; "mlm" pretrains an encoder on the texts (runtime.mlm).
+    objective: str = ""
     # A preset name (a small model built from a config) or the imported base model's files.
     preset: str | None = None
     base_model_dir: str | None = None

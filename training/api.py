@@ -44,6 +44,18 @@ def model_archive_response(version) -> FileResponse:
     )
 
 
+def create_on_version(request: Request, body, service, answer) -> Response:
+    """A create whose ``body`` names a dataset version (``dataset_id``, ``dataset_version``),
+    found in the team first: ``service`` gets it with the rest of the body."""
+    data = validated(body, request)
+    dataset = dataset_get(request.team, data.pop("dataset_id"))
+    version = version_get(dataset, data.pop("dataset_version"))
+    made = service_call(
+        service, actor=request.user, team=request.team, dataset_version=version, **data
+    )
+    return created(answer, made)
+
+
 class TrainingAPIView(TeamAPIView):
     write_permission = Perm.TRAINING_WRITE
 
@@ -94,17 +106,9 @@ class JobListCreate(PaginatedList, TrainingAPIView):
     # Written out: the body names a dataset version, found in the team first.
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def post(self, request: Request, team: str) -> Response:
-        data = validated(JobSubmitSerializer, request)
-        dataset = dataset_get(request.team, data.pop("dataset_id"))
-        version = version_get(dataset, data.pop("dataset_version"))
-        job = service_call(
-            jobs.training_job_submit,
-            actor=request.user,
-            team=request.team,
-            dataset_version=version,
-            **data,
+        return create_on_version(
+            request, JobSubmitSerializer, jobs.training_job_submit, JobSerializer
         )
-        return created(JobSerializer, job)
 
 
 class JobDetail(TrainingAPIView):
@@ -193,17 +197,9 @@ class SweepListCreate(PaginatedList, TrainingAPIView):
     # Written out: the body names a dataset version, found in the team first.
     @extend_schema(request=SweepCreateSerializer, responses={201: SweepDetailSerializer})
     def post(self, request: Request, team: str) -> Response:
-        data = validated(SweepCreateSerializer, request)
-        dataset = dataset_get(request.team, data.pop("dataset_id"))
-        version = version_get(dataset, data.pop("dataset_version"))
-        sweep = service_call(
-            sweeps.sweep_create,
-            actor=request.user,
-            team=request.team,
-            dataset_version=version,
-            **data,
+        return create_on_version(
+            request, SweepCreateSerializer, sweeps.sweep_create, SweepDetailSerializer
         )
-        return created(SweepDetailSerializer, sweep)
 
 
 class SweepDetail(TrainingAPIView):

@@ -26,7 +26,7 @@ from runtime.inference import MANIFEST
 from runtime.kinds import GENERATIVE_KINDS
 from runtime.tokenizer import CharTokenizer
 from training import storage
-from training.models import BaseModel, ModelVersion
+from training.models import BaseModel, ModelVersion, TrainingJob
 
 # What each backend needs of an imported model: alternatives in a tuple.
 REQUIRED_FILES = {
@@ -263,6 +263,21 @@ def _refuse_links(directory: Path) -> None:
             )
 
 
+def _checked_and_stored(directory: Path, backend: str, team: Team | None) -> tuple[dict, str, dict]:
+    """An import's checks and copy, for a directory to take as a base model: pickled weights
+    converted, the files checked (``inspect_model_dir``), the team's storage quota (none for a
+    model of the site), each file stored with its sha256. Returns the summary, the storage
+    prefix and the files' manifest."""
+    converted = weights_to_safetensors(directory)
+    summary = inspect_model_dir(directory, backend)
+    if converted:
+        summary["converted"] = converted
+    if team is not None:
+        team_storage_check(team, storage.dir_size(directory))
+    prefix = f"base_models/{uuid.uuid4().hex}/"
+    return summary, prefix, storage.store_dir(directory, prefix)
+
+
 def base_model_import(
     *,
     actor: AbstractBaseUser,
@@ -303,14 +318,7 @@ def base_model_import(
                 shutil.copytree(target, directory, symlinks=True)
             else:
                 directory = storage.extract_archive(target, tmp_path / "x")
-        converted = weights_to_safetensors(directory)
-        summary = inspect_model_dir(directory, backend)
-        if converted:
-            summary["converted"] = converted
-        if owner is not None:
-            team_storage_check(team, storage.dir_size(directory))
-        prefix = f"base_models/{uuid.uuid4().hex}/"
-        files = storage.store_dir(directory, prefix)
+        summary, prefix, files = _checked_and_stored(directory, backend, owner)
     # Stored first, then the row in a short transaction (not the write lock for the copy).
     with transaction.atomic():
         model = BaseModel.objects.create(
@@ -422,4 +430,61 @@ def base_model_set_shared(
         target=model,
         data={"shared": shared},
     )
+    return model
+
+
+# What a pretraining's best/ holds besides the model's files (the loop's own marker).
+_PRETRAINING_LEFT_OUT = ("state.json",)
+
+
+def base_model_from_job(job: TrainingJob, workdir: Path) -> BaseModel:
+    """The result of a pretraining job (objective "mlm", runtime.mlm): its ``best/`` taken as a
+    base model of the job's team, named as the job, through an import's checks and copy; its
+    held-out figures go into the summary. The job succeeds in the same short transaction."""
+    from training.jobs import training_job_finish
+
+    evaluation = json.loads((workdir / "evaluation.json").read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:
+        directory = Path(tmp) / "x"
+        _refuse_links(workdir / "best")
+        shutil.copytree(
+            workdir / "best",
+            directory,
+            symlinks=True,
+            ignore=shutil.ignore_patterns(*_PRETRAINING_LEFT_OUT),
+        )
+        summary, prefix, files = _checked_and_stored(directory, job.backend, job.team)
+    summary["pretraining"] = {
+        "job": job.pk,
+        "dataset_version": str(job.dataset_version),
+        "base": job.model_source,
+        **{k: evaluation.get(k) for k in ("metrics", "initial", "texts", "windows", "rows")},
+    }
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if BaseModel.objects.filter(team=job.team, name=job.name).exists():
+            raise ValidationError(
+                _("A base model named “%(name)s” exists already.") % {"name": job.name}
+            )
+        model = BaseModel.objects.create(
+            team=job.team,
+            name=job.name,
+            backend=job.backend,
+            architecture=summary["architecture"],
+            summary=summary,
+            manifest={"files": files},
+            storage_prefix=prefix,
+            source=f"{job.dataset_version} (pretraining job {job.pk})",
+            job=job,
+            created_by=job.created_by,
+        )
+        audit_record(
+            action="base_model.pretrain",
+            actor=None,
+            actor_username="system",
+            team=job.team,
+            target=model,
+            data={"job": job.pk, "dataset_version": str(job.dataset_version)},
+        )
+        training_job_finish(job, TrainingJob.Status.SUCCEEDED)
     return model

@@ -10,9 +10,12 @@ from training.models import Backend, TrainingJob
 METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
 
 
-class JobForm(forms.Form):
-    """A training job. Hyperparameters left empty take the recommended value for the task kind
-    and model (presets train from scratch; imported models fine-tune)."""
+class TrainingForm(forms.Form):
+    """What a job and a sweep both choose: the team's dataset version (of ``task_kinds``), the
+    backend, the model (``preset:<name>`` or ``base:<name>``), the device, the dev metric and a
+    name. ``MAIN``: the fields shown first."""
+
+    MAIN: tuple[str, ...] = ()
 
     # No empty choice: the newest version of the first dataset is chosen until the user picks.
     dataset_version = forms.ModelChoiceField(
@@ -20,12 +23,55 @@ class JobForm(forms.Form):
     )
     backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
     model = forms.ChoiceField(label=_("Base model or preset"))
+    device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
+    metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
+    name = forms.CharField(max_length=100, required=False, label=_("Name"))
+
+    def __init__(self, *args, team, task_kinds: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["dataset_version"].queryset = (
+            DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind__in=task_kinds)
+            .select_related("dataset")
+            .order_by("dataset__name", "-number")
+        )
+
+    def main_fields(self) -> list:
+        return [self[name] for name in self.MAIN]
+
+    def model_fields(self) -> dict:
+        """The chosen data, backend, model and device, as the job's (or sweep's) fields."""
+        data = self.cleaned_data
+        kind, _sep, model = data["model"].partition(":")
+        return {
+            "dataset_version": data["dataset_version"],
+            "backend": data["backend"],
+            "base_model": model if kind == "base" else "",
+            "preset": model if kind == "preset" else "",
+            "device_type": data["device_type"],
+        }
+
+
+class JobForm(TrainingForm):
+    """A training job. Hyperparameters left empty take the recommended value for the task kind
+    and model (presets train from scratch; imported models fine-tune)."""
+
     DEFAULT_HELP = _(
         "The default: on a CPU, the task kind's fast model (%(fast)s), which trains in minutes "
         "and matches a classical baseline; on an accelerator, the transformer %(transformer)s. "
         "A pretrained model your team imported usually does best of all."
     )
-    device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
+    objective = forms.ChoiceField(
+        choices=TrainingJob.Objective.choices,
+        required=False,
+        initial="",
+        label=_("Objective"),
+        help_text=_(
+            "Pretraining reads every text of the version, labeled or not, and continues a "
+            "transformer preset or an imported encoder as a masked language model; its result "
+            "is a base model of the team, named as the job (default: <dataset>-dapt), that "
+            "later jobs fine-tune."
+        ),
+    )
     device_count = forms.IntegerField(min_value=1, initial=1, label=_("Devices"))
     priority = forms.TypedChoiceField(
         choices=TrainingJob.Priority.choices, coerce=int, initial=5, label=_("Priority")
@@ -36,7 +82,6 @@ class JobForm(forms.Form):
         label=_("Maximum hours"),
         help_text=_("Empty: the site's limit (TRAINING_MAX_HOURS)."),
     )
-    name = forms.CharField(max_length=100, required=False, label=_("Name"))
     epochs = forms.IntegerField(min_value=1, required=False, label=_("Epochs"))
     batch_size = forms.IntegerField(min_value=1, required=False, label=_("Batch size"))
     learning_rate = forms.FloatField(required=False, label=_("Learning rate"))
@@ -62,7 +107,6 @@ class JobForm(forms.Form):
             "exports the best checkpoint."
         ),
     )
-    metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
     threshold = forms.FloatField(required=False, label=_("Multi-label threshold"))
     dropout = forms.FloatField(required=False, label=_("Dropout"))
     # Large models (instruction and preference data).
@@ -125,7 +169,7 @@ class JobForm(forms.Form):
     )
 
     def __init__(self, *args, team, base_models, top_priority: bool = True, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, team=team, task_kinds=[*HEADS, *OBJECTIVES], **kwargs)
         if not top_priority:  # the team's owners and site staff only
             self.fields["priority"].choices = [
                 c for c in TrainingJob.Priority.choices if c[0] != TrainingJob.Priority.TOP
@@ -135,13 +179,6 @@ class JobForm(forms.Form):
         base_models = [
             m for m in base_models if m.team_id is not None or (m.name, m.backend) not in own
         ]
-        self.fields["dataset_version"].queryset = (
-            DatasetVersion.objects.filter(
-                dataset__team=team, dataset__task_kind__in=[*HEADS, *OBJECTIVES]
-            )
-            .select_related("dataset")
-            .order_by("dataset__name", "-number")
-        )
         self.fields["model"].choices = [
             ("preset:", _("Default for the task kind and device")),
             (
@@ -190,15 +227,13 @@ class JobForm(forms.Form):
         "dataset_version",
         "backend",
         "model",
+        "objective",
         "device_type",
         "device_count",
         "priority",
         "max_hours",
         "name",
     )
-
-    def main_fields(self) -> list:
-        return [self[name] for name in self.MAIN]
 
     def hyperparameter_fields(self) -> list:
         return [self[name] for name in self.HYPERPARAMETERS]
@@ -208,7 +243,6 @@ class JobForm(forms.Form):
 
     def job_fields(self) -> dict:
         data = self.cleaned_data
-        kind, _sep, model = data["model"].partition(":")
         hyperparameters = {
             k: data[k] for k in self.HYPERPARAMETERS if data.get(k) not in (None, "")
         }
@@ -219,15 +253,12 @@ class JobForm(forms.Form):
             if value not in (None, "", False):
                 hyperparameters[k] = value
         return {
-            "dataset_version": data["dataset_version"],
-            "backend": data["backend"],
-            "base_model": model if kind == "base" else "",
-            "preset": model if kind == "preset" else "",
-            "device_type": data["device_type"],
+            **self.model_fields(),
             "device_count": data["device_count"],
             "priority": data["priority"],
             "max_hours": data.get("max_hours"),
             "name": data["name"],
+            "objective": data.get("objective") or "",
             "hyperparameters": hyperparameters,
         }
 
@@ -257,7 +288,7 @@ class ModelImportForm(forms.Form):
     archive = forms.FileField(label=_("Model version archive (.tar.gz)"))
 
 
-class SweepForm(forms.Form):
+class SweepForm(TrainingForm):
     """A hyperparameter search: the trials' data, model and device, and per hyperparameter a
     tick, then a range (low, high, logarithmic) or a list of choices."""
 
@@ -281,12 +312,6 @@ class SweepForm(forms.Form):
         "max_seq_length": _("Max sequence length"),
     }
 
-    dataset_version = forms.ModelChoiceField(
-        queryset=DatasetVersion.objects.none(), label=_("Dataset version"), empty_label=None
-    )
-    backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
-    model = forms.ChoiceField(label=_("Base model or preset"))
-    device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
     n_trials = forms.IntegerField(min_value=2, initial=10, label=_("Trials"))
     parallel = forms.IntegerField(
         min_value=1,
@@ -294,16 +319,9 @@ class SweepForm(forms.Form):
         label=_("Trials in parallel"),
         help_text=_("Queued at once; they run where devices are free."),
     )
-    metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
-    name = forms.CharField(max_length=100, required=False, label=_("Name"))
 
     def __init__(self, *args, team, base_models, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["dataset_version"].queryset = (
-            DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind__in=list(HEADS))
-            .select_related("dataset")
-            .order_by("dataset__name", "-number")
-        )
+        super().__init__(*args, team=team, task_kinds=list(HEADS), **kwargs)
         self.fields["model"].choices = [
             ("preset:", _("Default for the task kind and device")),
             (_("Fast presets (CPU)"), [(f"preset:{p}", p) for p in FAST_PRESETS]),
@@ -348,9 +366,6 @@ class SweepForm(forms.Form):
         "name",
     )
 
-    def main_fields(self) -> list:
-        return [self[name] for name in self.MAIN]
-
     def search_rows(self) -> list[dict]:
         return [
             {
@@ -386,13 +401,8 @@ class SweepForm(forms.Form):
 
     def sweep_fields(self) -> dict:
         data = self.cleaned_data
-        kind, _sep, model = data["model"].partition(":")
         return {
-            "dataset_version": data["dataset_version"],
-            "backend": data["backend"],
-            "base_model": model if kind == "base" else "",
-            "preset": model if kind == "preset" else "",
-            "device_type": data["device_type"],
+            **self.model_fields(),
             "n_trials": data["n_trials"],
             "parallel": data["parallel"],
             "metric": data["metric"],

@@ -30,7 +30,15 @@ from labeling.models import DatasetVersion
 from runtime.backends import available as available_backends
 from runtime.data import HEADS
 from runtime.kinds import GENERATIVE_KINDS
-from runtime.presets import default_preset, is_fast, presets_for, recommended
+from runtime.presets import (
+    CPU_TRANSFORMER,
+    DEFAULT_PRESET,
+    PRESETS,
+    default_preset,
+    is_fast,
+    presets_for,
+    recommended,
+)
 from runtime.spec import Hyperparameters
 from training import storage
 from training.models import BaseModel, TrainingJob
@@ -46,8 +54,15 @@ def _job_labels(version: DatasetVersion) -> list[str]:
 MAX_BUDGET_MINUTES = 7 * 24 * 60
 
 
-def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) -> Hyperparameters:
-    values = {**asdict(recommended(task_kind, preset=preset)), **(given or {})}
+def _validated_hyperparameters(
+    task_kind: str, preset: str | None, given: dict, objective: str = ""
+) -> Hyperparameters:
+    start = asdict(recommended(task_kind, preset=preset))
+    if objective == TrainingJob.Objective.MLM:  # pretraining's own (runtime.mlm)
+        from runtime.mlm import RECOMMENDED
+
+        start.update(RECOMMENDED["preset" if preset else "base"])
+    values = {**start, **(given or {})}
     try:
         hp = Hyperparameters.from_dict(values)
         for name, kind in Hyperparameters.__annotations__.items():
@@ -99,6 +114,7 @@ def _validated_hyperparameters(task_kind: str, preset: str | None, given: dict) 
         (1 <= hp.max_new_tokens <= 4096, "1 ≤ max_new_tokens ≤ 4096"),
         (0 <= hp.eval_generations <= 200, "0 ≤ eval_generations ≤ 200"),
         (0 <= hp.min_rating <= 5, "0 ≤ min_rating ≤ 5"),
+        (0 < hp.mlm_probability < 1, "0 < mlm_probability < 1"),
     ]
     for ok, rule in checks:
         if not ok:
@@ -170,9 +186,12 @@ def training_job_submit(
     name: str = "",
     origin: TrainingJob | None = None,
     max_hours: float | None = None,
+    objective: str = "",
 ) -> TrainingJob:
     """Queue a training job on the queue of its device type. Checked and tokenised outside
-    any transaction: only the job's row is written in one (SQLite's write lock is short)."""
+    any transaction: only the job's row is written in one (SQLite's write lock is short).
+    ``objective`` "mlm" pretrains an encoder on the version's texts instead: its result is a
+    base model of the team named ``name`` (``pretraining_checks``)."""
     dataset = dataset_version.dataset
     if dataset.team_id != team.pk:
         raise ValidationError(_("No such dataset version."))
@@ -187,7 +206,20 @@ def training_job_submit(
         )
     if base_model and preset:
         raise ValidationError(_("Choose a base model or a preset, not both."))
+    pretrain = objective == TrainingJob.Objective.MLM
+    if pretrain:
+        name = pretraining_checks(team, dataset_version, backend, name, device_count)
+    elif objective:
+        raise ValidationError(_("Unknown objective “%(o)s”.") % {"o": objective})
     model = base_model_named(team, base_model, backend) if base_model else None
+    if model is None and pretrain:
+        # A transformer: the fast models have no masked-language-model head.
+        preset = preset or (CPU_TRANSFORMER if device_type == "cpu" else DEFAULT_PRESET)
+        if preset not in PRESETS:
+            raise ValidationError(
+                _("Pretraining trains a transformer preset (%(all)s) or an imported encoder.")
+                % {"all": ", ".join(PRESETS)}
+            )
     if model is None:
         # The fast model of the kind on a CPU, a transformer on an accelerator (runtime.presets).
         preset = preset or default_preset(
@@ -214,13 +246,13 @@ def training_job_submit(
             else _("%(model)s is an encoder; instruction and preference data need a causal LM.")
             % {"model": model.name}
         )
-    labels = [] if generative else _job_labels(dataset_version)
-    if not generative and len(labels) < (1 if kind == "ner" else 2):
+    labels = [] if generative or pretrain else _job_labels(dataset_version)
+    if not generative and not pretrain and len(labels) < (1 if kind == "ner" else 2):
         raise ValidationError(
             _("%(v)s has %(n)d label(s): a model needs at least two classes (one entity type).")
             % {"v": dataset_version, "n": len(labels)}
         )
-    if not dataset_version.split_counts.get("train"):
+    if not pretrain and not dataset_version.split_counts.get("train"):
         raise ValidationError(_("%(v)s has no rows in its train split.") % {"v": dataset_version})
     try:
         device = profile(device_type)
@@ -230,7 +262,7 @@ def training_job_submit(
     # where it has it.
     given = {"amp": device.amp, "amp_dtype": "bfloat16" if device.bf16 else "float16"}
     given.update(hyperparameters or {})
-    hp = _validated_hyperparameters(kind, None if model else preset, given)
+    hp = _validated_hyperparameters(kind, None if model else preset, given, objective)
     if hp.amp and not device.amp:
         raise ValidationError(
             _("Mixed precision (amp) is not supported on %(device)s.") % {"device": device.label}
@@ -321,6 +353,7 @@ def training_job_submit(
             base_model=model,
             preset="" if model else preset,
             backend=backend,
+            objective=objective,
             hyperparameters=asdict(hp),
             device_type=device.name,
             device_count=device_count,
@@ -343,10 +376,48 @@ def training_job_submit(
                 "model": job.model_source,
                 "device": f"{device.name}×{device_count}",
                 "origin": origin.pk if origin else None,
+                **({"objective": objective} if objective else {}),
             },
         )
         transaction.on_commit(lambda: training_job_enqueue(job))
     return job
+
+
+def pretraining_checks(
+    team: Team, version: DatasetVersion, backend: str, name: str, device_count: int
+) -> str:
+    """A pretraining job (objective "mlm"): of an encoder's task kind, on the paddle backend and
+    one device, with rows to read; returns the name its base model will have (the job's name,
+    by default ``<dataset>-dapt``), which no base model nor active pretraining of the team
+    has."""
+    if version.dataset.task_kind in GENERATIVE_KINDS:
+        raise ValidationError(
+            _(
+                "Pretraining (masked language modelling) makes an encoder; instruction and "
+                "preference data train a causal LM."
+            )
+        )
+    if backend != "paddle":
+        raise ValidationError(_("Pretraining runs on the paddle backend for now."))
+    if device_count != 1:
+        raise ValidationError(_("Pretraining runs on one device for now."))
+    if not version.row_count:
+        raise ValidationError(_("%(v)s has no rows to pretrain on.") % {"v": version})
+    name = name.strip()[:100] or f"{version.dataset.name}-dapt"
+    taken = BaseModel.objects.filter(team=team, name=name).exists() or (
+        TrainingJob.objects.filter(
+            team=team, name=name, objective=TrainingJob.Objective.MLM, status__in=TrainingJob.ACTIVE
+        ).exists()
+    )
+    if taken:
+        raise ValidationError(
+            _(
+                "The team has a base model (or a pretraining under way) named “%(name)s”: name "
+                "the job, its result is the base model of that name."
+            )
+            % {"name": name}
+        )
+    return name
 
 
 def _check_priority(actor: AbstractBaseUser, team: Team, priority: int) -> None:
@@ -417,6 +488,7 @@ def _spec_fields(job: TrainingJob) -> dict:
         "backend": job.backend,
         "base_model": job.base_model.name if job.base_model_id else "",
         "preset": job.preset,
+        "objective": job.objective,
         "hyperparameters": dict(job.hyperparameters),
         "device_type": job.device_type,
         "device_count": job.device_count,

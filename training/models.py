@@ -29,6 +29,14 @@ class BaseModel(Created):
     manifest = models.JSONField(default=dict)  # {"files": {path: {"sha256", "size"}}}
     storage_prefix = models.CharField(max_length=255)
     source = models.CharField(max_length=500, blank=True)
+    # The pretraining job (objective "mlm") whose result this is; empty for an import.
+    job = models.OneToOneField(
+        "TrainingJob",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="pretrained_model",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -66,6 +74,12 @@ class TrainingJob(Created):
         NORMAL = 5, _("normal")
         LOW = 9, _("low")
 
+    class Objective(models.TextChoices):
+        # The task kind's model (a model version), or an encoder pretrained by masked language
+        # modelling on the version's texts (a base model named as the job: runtime.mlm).
+        TASK = "", _("fine-tune for the task")
+        MLM = "mlm", _("pretrain on the texts (masked language modelling)")
+
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="training_jobs")
@@ -80,6 +94,9 @@ class TrainingJob(Created):
     )
     preset = models.CharField(max_length=40, blank=True)
     backend = models.CharField(_("backend"), max_length=16, choices=Backend.choices)
+    objective = models.CharField(
+        _("objective"), max_length=8, choices=Objective.choices, default="", blank=True
+    )
     hyperparameters = models.JSONField(default=dict)
     device_type = models.CharField(_("device"), max_length=16, default="cpu")
     device_count = models.PositiveSmallIntegerField(_("devices"), default=1)

@@ -24,7 +24,7 @@ def base_model_get(team: Team, model_id: int) -> BaseModel:
 
 def team_jobs(team: Team) -> QuerySet[TrainingJob]:
     return TrainingJob.objects.filter(team=team).select_related(
-        "dataset_version__dataset", "base_model", "created_by", "model_version"
+        "dataset_version__dataset", "base_model", "created_by", "model_version", "pretrained_model"
     )
 
 

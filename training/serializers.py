@@ -59,6 +59,10 @@ class JobSerializer(serializers.ModelSerializer):
         source="base_model.owner", read_only=True, default=None, allow_null=True
     )
     model_version = serializers.SerializerMethodField()
+    # A pretraining's result (objective "mlm"): the base model it made, by name.
+    pretrained_model = serializers.CharField(
+        source="pretrained_model.name", read_only=True, default=None, allow_null=True
+    )
     progress_percent = serializers.IntegerField(read_only=True)
 
     class Meta:
@@ -79,6 +83,8 @@ class JobSerializer(serializers.ModelSerializer):
             "base_model",
             "base_model_owner",
             "preset",
+            "objective",
+            "pretrained_model",
             "hyperparameters",
             "device_type",
             "device_count",
@@ -127,6 +133,14 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="The job's maximum run time; at most TRAINING_MAX_HOURS (the default).",
     )
     name = serializers.CharField(required=False, allow_blank=True, default="")
+    objective = serializers.ChoiceField(
+        choices=TrainingJob.Objective.choices,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="mlm: pretrain an encoder on the version's texts (masked language modelling); "
+        "its result is a base model of the team named as the job (default <dataset>-dapt).",
+    )
 
 
 class JobCloneSerializer(serializers.Serializer):

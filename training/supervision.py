@@ -28,6 +28,7 @@ from runtime.net import free_port
 from runtime.run import EVENT_PREFIX
 from runtime.spec import Hyperparameters, JobSpec
 from training import storage
+from training.base_models import base_model_from_job
 from training.jobs import training_job_finish
 from training.launch import die_with_parent, runner_device, runner_popen_args, runner_sandbox
 from training.models import TrainingEvent, TrainingJob
@@ -54,6 +55,7 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
         task_kind=job.task_kind,
         labels=list(job.labels),
         backend=job.backend,
+        objective=job.objective,
         preset=job.preset or None,
         base_model_dir=str(base_dir) if job.base_model_id else None,
         hyperparameters=Hyperparameters.from_dict(job.hyperparameters),
@@ -342,9 +344,14 @@ def training_job_execute(job: TrainingJob) -> None:
         return
     try:
         # What the runner (another user) left is read as the platform: no links out of it.
-        outputs = [workdir / "export", workdir / "best", workdir / "evaluation.json"]
-        sandbox.check_outputs(sup.user, outputs)
-        model_version_register(job, workdir)
+        if job.objective == TrainingJob.Objective.MLM:
+            # Pretraining: best/ becomes a base model of the team, checked as an import is.
+            sandbox.check_outputs(sup.user, [workdir / "best", workdir / "evaluation.json"])
+            base_model_from_job(job, workdir)
+        else:
+            outputs = [workdir / "export", workdir / "best", workdir / "evaluation.json"]
+            sandbox.check_outputs(sup.user, outputs)
+            model_version_register(job, workdir)
     except Exception as exc:
         training_job_finish(
             job, TrainingJob.Status.FAILED, _("Registering the model failed: %(e)s") % {"e": exc}

@@ -131,6 +131,7 @@ def job_clone(request: HttpRequest, training_job_id: int) -> HttpResponse:
         "model": f"base:{source.base_model.name}"
         if source.base_model_id
         else f"preset:{source.preset}",
+        "objective": source.objective,
         "device_type": source.device_type,
         "device_count": source.device_count,
         "priority": source.priority,

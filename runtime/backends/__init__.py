@@ -74,7 +74,17 @@ class LoopBackend(Backend):
     def export_classifier(self, spec: JobSpec, workdir: Path, out_dir: Path) -> dict[str, str]:
         """``export`` for a classifier."""
 
+    def mlm_ops(self) -> Any:
+        """The ops ``runtime.mlm`` pretrains an encoder with (masked language modelling)."""
+        raise NotImplementedError(
+            f"the {self.name} backend does not pretrain (objective mlm) yet; use the paddle backend"
+        )
+
     def train(self, spec: JobSpec, workdir: Path, emit: Emit) -> dict[str, Any]:
+        if spec.objective == "mlm":
+            from runtime import mlm
+
+            return mlm.fit(spec, workdir, emit, self.mlm_ops())
         if spec.task_kind in GENERATIVE_KINDS:
             from runtime import llm
 

@@ -10,7 +10,7 @@
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -79,7 +79,28 @@ def paddle_device(spec: JobSpec) -> str:
     return f"{spec.device}:0"
 
 
-class PaddleOps:
+class PaddleCheckpointed:
+    """Saving and loading of a paddle model (``save_pretrained``'s safetensors) and its
+    optimizer's state, alike for every paddle ops."""
+
+    model: Any
+    optimizer: Any
+
+    def save_model(self, directory: Path) -> None:
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+
+    def save(self, directory: Path, with_optimizer: bool) -> None:
+        self.save_model(directory)
+        if with_optimizer:
+            save_paddle_state(directory, self.optimizer.state_dict())
+
+    def load(self, directory: Path, with_optimizer: bool) -> None:
+        self.model.set_state_dict(load_paddle_weights(directory))
+        if with_optimizer:
+            self.optimizer.set_state_dict(load_paddle_state(directory))
+
+
+class PaddleOps(PaddleCheckpointed):
     # A fast preset's config.json (runtime.backends.paddle_models); None for an ERNIE model.
     fast_config: dict | None = None
 
@@ -174,15 +195,19 @@ class PaddleOps:
         import paddle.nn.functional as F
 
         target = paddle.to_tensor(labels)
-        if hasattr(self.model, "loss"):  # a CRF: the likelihood of the tag path
-            return self.model.loss(logits, target, paddle.to_tensor(input_ids))
-        if self.head == SINGLE:
-            return F.cross_entropy(logits, target)
-        if self.head == MULTI:
-            return F.binary_cross_entropy_with_logits(logits, target)
-        return F.cross_entropy(
-            logits.reshape([-1, logits.shape[-1]]), target.reshape([-1]), ignore_index=IGNORE
-        )
+
+        def head_loss(out):
+            if self.head == SINGLE:
+                return F.cross_entropy(out, target)
+            if self.head == MULTI:
+                return F.binary_cross_entropy_with_logits(out, target)
+            return F.cross_entropy(
+                out.reshape([-1, out.shape[-1]]), target.reshape([-1]), ignore_index=IGNORE
+            )
+
+        if hasattr(self.model, "loss"):  # a fast model's own (a CRF's, a wide part's)
+            return self.model.loss(logits, target, paddle.to_tensor(input_ids), head_loss)
+        return head_loss(logits)
 
     def train_step(self, batch: dict[str, np.ndarray], lr: float) -> float:
         import paddle
@@ -214,11 +239,14 @@ class PaddleOps:
         self.model.train()
         return out
 
-    def fit_statistics(self, items: list) -> None:
-        """What a fast model learns of its training rows before the first step (the wide
-        part's IDF); a checkpoint, when resuming, brings the same figures back."""
-        if hasattr(self.model, "fit_idf"):
-            self.model.fit_idf([e.enc.input_ids for e in items])
+    def warm_start(self, items: list) -> str:
+        """A fast model's wide part solved on the training examples before the first step
+        (a checkpoint, when resuming, brings it back); what was done, or "" for none."""
+        if not hasattr(self.model, "warm_start"):
+            return ""
+        return self.model.warm_start(
+            [e.enc.input_ids for e in items], [e.target for e in items], self.head
+        )
 
     def agree_max(self, value: float) -> float:
         """The largest ``value`` of the job's processes (a time budget's measurements)."""
@@ -232,20 +260,13 @@ class PaddleOps:
         """A CRF tagger's tag transitions, which decoding follows."""
         return self.model.transitions() if hasattr(self.model, "transitions") else None
 
-    def save(self, directory: Path, with_optimizer: bool) -> None:
+    def save_model(self, directory: Path) -> None:
         if self.fast_config is not None:
             from runtime.backends import paddle_models
 
             paddle_models.save(self.model, self.fast_config, directory)
         else:
-            self.model.save_pretrained(str(directory), safe_serialization=True)
-        if with_optimizer:
-            save_paddle_state(directory, self.optimizer.state_dict())
-
-    def load(self, directory: Path, with_optimizer: bool) -> None:
-        self.model.set_state_dict(load_paddle_weights(directory))
-        if with_optimizer:
-            self.optimizer.set_state_dict(load_paddle_state(directory))
+            super().save_model(directory)
 
 
 class PaddleBackend(LoopBackend):
@@ -255,6 +276,11 @@ class PaddleBackend(LoopBackend):
 
     def model_ops(self) -> PaddleOps:
         return PaddleOps()
+
+    def mlm_ops(self):
+        from runtime.backends.paddle_mlm import PaddleMLMOps
+
+        return PaddleMLMOps()
 
     def llm_ops(self) -> "PaddleLLMOps":
         from runtime.backends.paddle_llm import PaddleLLMOps

@@ -70,6 +70,13 @@ def _np_gram_ids(ids: np.ndarray, offsets: tuple[int, ...], buckets: int, salt: 
 
 # The wide part's n-gram orders: TF-IDF's character 1- to 3-grams.
 WIDE_ORDERS = (1, 2, 3)
+# The wide part of a tagger: the offsets of the characters each CRF feature joins.
+# (A salt of its own keeps each template's features apart.)
+CRF_TEMPLATES = tuple(
+    enumerate(
+        ((-2,), (-1,), (0,), (1,), (2,), (-2, -1), (-1, 0), (0, 1), (1, 2), (-1, 0, 1)), start=1
+    )
+)
 
 
 def _ending_at(n: int) -> tuple[int, ...]:
@@ -96,28 +103,23 @@ class NgramBag(nn.Layer):
         ngrams: tuple[int, ...] = (2, 3),
         conv_channels: int = 0,
         wide_buckets: int = 0,
-        wide_lr: float = 10.0,
         pair: bool = False,
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
         self.buckets, self.ngrams, self.pair = buckets, tuple(ngrams), pair
-        # The wide part (one text only): a linear model over the text's TF-IDF vector of
-        # hashed character 1-3-grams, l2-normalised, as the classical baseline is; the
-        # deep part learns what it misses. Its weights start at zero and learn ``wide_lr``
-        # times faster than the rest: a normalised vector's weights grow large (as a logistic
-        # regression's do), and Adam moves a weight by about its learning rate a step.
+        self.num_labels = num_labels
+        # The wide part (one text only): the classical baseline inside the model, a logistic
+        # regression over the text's l2-normalised TF-IDF vector of hashed character
+        # 1-3-grams, solved before the first step (``warm_start``) and kept fixed; the deep
+        # part learns what it misses. Buffers: saved and exported with the weights.
         self.wide_buckets = 0 if pair else wide_buckets
-        self.wide_lr = wide_lr
         if self.wide_buckets:
-            self.wide = nn.Embedding(
-                self.wide_buckets,
-                num_labels,
-                weight_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)),
-            )
-            # Inverse document frequencies of the training rows (``fit_idf``), saved with the
-            # weights: a buffer, not trained.
             self.register_buffer("idf", paddle.ones([self.wide_buckets, 1]), persistable=True)
+            self.register_buffer(
+                "wide_weight", paddle.zeros([self.wide_buckets, num_labels]), persistable=True
+            )
+            self.register_buffer("wide_bias", paddle.zeros([num_labels]), persistable=True)
         self.char = nn.Embedding(vocab_size, embedding_size, padding_idx=0)
         # Sparse gradients: a step updates only the buckets its batch used (a dense table's
         # gradient and update cost more than the rest of the model).
@@ -129,9 +131,14 @@ class NgramBag(nn.Layer):
         self.dropout = nn.Dropout(dropout)
         if pair:
             self.hidden = nn.Linear(4 * width, width)
-            self.out = nn.Linear(width, num_labels)
-        else:
-            self.out = nn.Linear(width, num_labels)
+        # With a wide part the deep part starts silent (a zero output layer): the model
+        # starts as the solved wide part, which the first dev evaluation scores.
+        zero = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0))
+        self.out = nn.Linear(
+            width,
+            num_labels,
+            weight_attr=zero if self.wide_buckets else None,
+        )
 
     def _tokens(self, input_ids: paddle.Tensor) -> paddle.Tensor:
         x = self.char(input_ids)
@@ -147,19 +154,57 @@ class NgramBag(nn.Layer):
             parts.append(_max_over_time(conv + (m - 1.0) * 1e4))
         return paddle.concat(parts, axis=-1)
 
-    def fit_idf(self, rows: list[list[int]]) -> None:
-        """The wide part's IDF from the training rows' ids (sklearn's smooth idf)."""
+    def _np_grams(self, ids: np.ndarray) -> np.ndarray:
+        """The wide part's buckets of one unpadded row, every occurrence."""
+        return np.concatenate(
+            [_np_gram_ids(ids, _ending_at(n), self.wide_buckets, n)[n - 1 :] for n in WIDE_ORDERS]
+        )
+
+    def warm_start(self, rows: list[list[int]], targets: list, head: str) -> str:
+        """Solve the wide part on the training rows' ids and targets: IDF (sklearn's smooth
+        idf), then the logistic regression of runtime.baselines (one-vs-rest for multi-label)
+        by L-BFGS, as the baseline is trained. Returns what it did, for the log."""
         if not self.wide_buckets:
-            return
+            return ""
+        from scipy import sparse
+        from sklearn.linear_model import LogisticRegression
+
+        from runtime.baselines import LR_C, LR_MAX_ITER, MAX_TRAIN_ROWS
+
+        rows, targets = rows[:MAX_TRAIN_ROWS], targets[:MAX_TRAIN_ROWS]
+        grams = [self._np_grams(np.asarray(r, dtype="int64")) for r in rows]
         df = np.zeros(self.wide_buckets, dtype="float64")
-        for row in rows:
-            ids = np.asarray(row, dtype="int64")
-            grams = [
-                _np_gram_ids(ids, _ending_at(n), self.wide_buckets, n)[n - 1 :] for n in WIDE_ORDERS
-            ]
-            df[np.unique(np.concatenate(grams))] += 1
+        for g in grams:
+            df[np.unique(g)] += 1
         idf = np.log((1 + len(rows)) / (1 + df)) + 1
         self.idf.set_value(idf[:, None].astype("float32"))
+        indptr = np.cumsum([0] + [len(g) for g in grams])
+        cols = np.concatenate(grams)
+        x = sparse.csr_matrix(
+            (idf[cols], cols, indptr), shape=(len(rows), self.wide_buckets), dtype="float64"
+        )
+        x.sum_duplicates()  # as the graph does: each occurrence counts
+        norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1))).ravel()
+        x = sparse.diags(1 / np.maximum(norms, 1e-12)) @ x
+        weight = np.zeros((self.wide_buckets, self.num_labels), dtype="float64")
+        bias = np.zeros(self.num_labels, dtype="float64")
+        y = np.asarray(targets)
+        columns = [y[:, j] for j in range(self.num_labels)] if head == "multi" else [y]
+        for j, column in enumerate(columns):
+            classes = np.unique(column)
+            if len(classes) < 2:  # one class only: the deep part and the bias learn it
+                continue
+            lr = LogisticRegression(C=LR_C, max_iter=LR_MAX_ITER).fit(x, column)
+            if head == "multi":
+                weight[:, j], bias[j] = lr.coef_[0], lr.intercept_[0]
+            elif len(classes) == 2:
+                weight[:, int(classes[1])], bias[int(classes[1])] = lr.coef_[0], lr.intercept_[0]
+            else:
+                weight[:, classes.astype(int)] = lr.coef_.T
+                bias[classes.astype(int)] = lr.intercept_
+        self.wide_weight.set_value(weight.astype("float32"))
+        self.wide_bias.set_value(bias.astype("float32"))
+        return f"wide part: logistic regression on {len(rows)} rows' TF-IDF n-grams"
 
     def _wide(self, input_ids: paddle.Tensor, real: paddle.Tensor) -> paddle.Tensor:
         """Logits of the l2-normalised TF-IDF vector (each occurrence counts)."""
@@ -168,9 +213,10 @@ class NgramBag(nn.Layer):
             grams = _gram_ids(input_ids, _ending_at(n), self.wide_buckets, n)
             weight = nn.functional.embedding(grams, self.idf).squeeze(-1) * real
             weight = weight * _shift(real, n - 1)  # the whole n-gram is text
-            parts.append((self.wide(grams) * weight.unsqueeze(-1)).sum(axis=1))
+            table = nn.functional.embedding(grams, self.wide_weight)
+            parts.append((table * weight.unsqueeze(-1)).sum(axis=1))
             squares.append((weight * weight).sum(axis=1, keepdim=True))
-        return paddle.add_n(parts) / paddle.sqrt(paddle.add_n(squares) + 1e-6)
+        return paddle.add_n(parts) / paddle.sqrt(paddle.add_n(squares) + 1e-12) + self.wide_bias
 
     def forward(
         self, input_ids: paddle.Tensor, token_type_ids: paddle.Tensor | None = None
@@ -207,12 +253,22 @@ class BiGRUCRF(nn.Layer):
         hidden_size: int = 128,
         num_layers: int = 1,
         buckets: int = 100_000,
+        wide_buckets: int = 0,
         dropout: float = 0.1,
     ) -> None:
         from paddlenlp.layers import LinearChainCrf
 
         super().__init__()
-        self.buckets = buckets
+        self.buckets, self.num_labels = buckets, num_labels
+        # The wide part: the classical character CRF inside the model. Its features (the
+        # characters within two places, the bigrams and the centred trigram, each template
+        # hashed apart) and transitions are solved by crfsuite before the first step
+        # (``warm_start``) and the features kept fixed; the BiGRU's tag scores are added.
+        self.wide_buckets = wide_buckets
+        if wide_buckets:
+            self.register_buffer(
+                "wide_weight", paddle.zeros([wide_buckets, num_labels]), persistable=True
+            )
         self.char = nn.Embedding(vocab_size, embedding_size, padding_idx=0)
         self.gram = nn.Embedding(buckets, embedding_size, sparse=True)
         self.gru = nn.GRU(
@@ -223,8 +279,55 @@ class BiGRUCRF(nn.Layer):
             dropout=dropout if num_layers > 1 else 0.0,
         )
         self.dropout = nn.Dropout(dropout)
-        self.out = nn.Linear(2 * hidden_size, num_labels)
+        zero = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0))
+        self.out = nn.Linear(
+            2 * hidden_size, num_labels, weight_attr=zero if wide_buckets else None
+        )
         self.crf = LinearChainCrf(num_labels, with_start_stop_tag=False)
+
+    def warm_start(self, rows: list[list[int]], targets: list, head: str) -> str:
+        """Solve the wide part with crfsuite on the training rows' ids and tags (the
+        baseline's solver and regularisation): its feature weights and the transitions."""
+        if not self.wide_buckets:
+            return ""
+        import sklearn_crfsuite
+
+        from runtime.baselines import CRF_C1, CRF_C2, CRF_MAX_ITER, MAX_CRF_CHARS
+
+        xs: list[list[dict[str, float]]] = []
+        ys: list[list[str]] = []
+        chars = 0
+        for row, tags in zip(rows, targets, strict=True):
+            ids = np.asarray(row, dtype="int64")
+            n = len(ids) - 2  # the characters between [CLS] and [SEP]
+            if n < 1 or (chars + n > MAX_CRF_CHARS and xs):
+                continue
+            chars += n
+            grams = [
+                _np_gram_ids(ids, offsets, self.wide_buckets, salt)[1 : n + 1]
+                for salt, offsets in CRF_TEMPLATES
+            ]
+            xs.append([{str(int(g[t])): 1.0 for g in grams} for t in range(n)])
+            ys.append([str(max(int(tag), 0)) for tag in tags[1 : n + 1]])
+        if not any(tag != "0" for seq in ys for tag in seq):
+            return ""
+        crf = sklearn_crfsuite.CRF(
+            algorithm="lbfgs",
+            c1=CRF_C1,
+            c2=CRF_C2,
+            max_iterations=CRF_MAX_ITER,
+            all_possible_transitions=True,
+        )
+        crf.fit(xs, ys)
+        weight = np.zeros((self.wide_buckets, self.num_labels), dtype="float32")
+        for (attr, tag), value in crf.state_features_.items():
+            weight[int(attr), int(tag)] += value
+        transitions = np.zeros((self.num_labels, self.num_labels), dtype="float32")
+        for (a, b), value in crf.transition_features_.items():
+            transitions[int(a), int(b)] = value
+        self.wide_weight.set_value(weight)
+        self.crf.transitions.set_value(transitions)
+        return f"wide part: character CRF on {len(xs)} rows ({chars} characters)"
 
     def forward(
         self, input_ids: paddle.Tensor, token_type_ids: paddle.Tensor | None = None
@@ -237,11 +340,20 @@ class BiGRUCRF(nn.Layer):
         )
         lengths = (input_ids != 0).astype("int64").sum(axis=1)
         h, _ = self.gru(self.dropout(x), sequence_length=lengths)
-        return self.out(self.dropout(h))
+        emissions = self.out(self.dropout(h))
+        if self.wide_buckets:
+            features = []
+            for salt, offsets in CRF_TEMPLATES:
+                grams = _gram_ids(input_ids, offsets, self.wide_buckets, salt)
+                features.append(nn.functional.embedding(grams, self.wide_weight))
+            emissions = emissions + paddle.add_n(features)
+        return emissions
 
-    def loss(self, emissions: paddle.Tensor, labels: paddle.Tensor, input_ids: paddle.Tensor):
+    def loss(
+        self, emissions: paddle.Tensor, labels: paddle.Tensor, input_ids: paddle.Tensor, _head
+    ):
         """The CRF's negative log-likelihood over each row's characters (between [CLS] and
-        [SEP]: their targets are IGNORE)."""
+        [SEP]: their targets are IGNORE), in place of the head's loss."""
         from paddlenlp.layers import LinearChainCrfLoss
 
         lengths = (input_ids != 0).astype("int64").sum(axis=1) - 2
@@ -267,14 +379,10 @@ def build(config: dict) -> nn.Layer:
 def optimizer(model: nn.Layer, learning_rate: float, weight_decay: float):
     """Adam in lazy mode (only the rows a batch used move), with L2 decay on the dense layers'
     weights only: decoupled decay (AdamW) does not take sparse gradients."""
-    sparse_or_free = ("gram", "wide", "bias")
     named = list(model.named_parameters())
-    dense = [p for n, p in named if not any(k in n for k in sparse_or_free)]
+    dense = [p for n, p in named if not any(k in n for k in ("gram", "bias"))]
     rest = [p for n, p in named if any(k in n for k in ("gram", "bias"))]
     groups: list[dict[str, Any]] = [{"params": rest}]
-    wide = [p for n, p in named if n.startswith("wide.")]
-    if wide:  # a group's learning_rate multiplies the schedule's (ParamAttr's does not)
-        groups.append({"params": wide, "learning_rate": getattr(model, "wide_lr", 1.0)})
     if dense:
         groups.append({"params": dense, "weight_decay": weight_decay or None})
     return paddle.optimizer.Adam(learning_rate=learning_rate, parameters=groups, lazy_mode=True)

@@ -254,13 +254,22 @@ def test_a_new_team_walks_the_whole_chain(
     canary = li.get_by_test_id("canary-form")
     canary.locator("#id_model_version").select_option(label="酒店评论 v2")
     expect(canary.locator("#id_weight")).to_have_value("10")
-    canary.locator("button[type=submit]").click()
+    # The quality gate's preview: v2 beside the serving v1 on the same test split.
+    expect(li.get_by_test_id("canary-preview").locator("table")).to_be_visible()
+    with li.expect_navigation():
+        canary.locator("button[type=submit]").click()
+    # A v2 worse than v1 is shown first with the warning: the user confirms.
+    if li.get_by_test_id("confirm-worse").count():
+        expect(li.get_by_test_id("worse-warning")).to_be_visible()
+        li.get_by_test_id("confirm-worse").click()
     revisions = li.get_by_test_id("revisions")
     expect(revisions.locator('tr[data-revision="1"] [data-testid=weight]')).to_have_text("90")
     expect(revisions.locator('tr[data-revision="2"] [data-testid=weight]')).to_have_text("10")
     wait_endpoint_ready(li, timeout=120)
     shot(li, "journey-12-canary")
 
+    if li.locator('tr[data-revision="2"] form[data-confirm]').count():
+        li.once("dialog", lambda dialog: dialog.accept())  # promoting a worse version: sure
     li.locator('tr[data-revision="2"]').get_by_test_id("promote").click()
     expect(revisions.locator('tr[data-revision="2"] [data-testid=weight]')).to_have_text("100")
     expect(revisions.locator('tr[data-revision="1"]')).to_have_attribute("data-status", "retired")

@@ -106,12 +106,17 @@ def test_the_wide_part_hashes_in_numpy_as_in_the_graph():
         offsets = paddle_models._ending_at(n)
         graph = paddle_models._gram_ids(padded, offsets, 1000, n).numpy()[0, : len(ids)]
         assert (paddle_models._np_gram_ids(ids, offsets, 1000, n) == graph).all()
-    # IDF: an n-gram in every row weighs least; one that repeats counts once per row.
+    # Warm start: IDF (an n-gram in every row weighs least), then the logistic regression,
+    # so that before any step the model already tells the classes apart.
     model = paddle_models.build(
         {"architecture": "ngram_bag", "vocab_size": 400, "num_labels": 2, "wide_buckets": 1000}
     )
-    model.fit_idf([[2, 57, 3], [2, 57, 57, 3], [2, 301, 3]])
+    rows = [[2, 57, 9, 3], [2, 57, 57, 8, 3], [2, 301, 9, 3], [2, 301, 8, 3]] * 5
+    model.warm_start(rows, [0, 0, 1, 1] * 5, "single")
     idf = model.idf.numpy()[:, 0]
-    common = paddle_models._np_gram_ids(np.array([57]), (0,), 1000, 1)[0]
+    common = paddle_models._np_gram_ids(np.array([2]), (0,), 1000, 1)[0]
     rare = paddle_models._np_gram_ids(np.array([301]), (0,), 1000, 1)[0]
     assert idf[common] < idf[rare]
+    model.eval()
+    logits = model(paddle.to_tensor(np.array([[2, 57, 8, 3], [2, 301, 9, 3]]))).numpy()
+    assert list(logits.argmax(axis=1)) == [0, 1]

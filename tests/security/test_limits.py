@@ -391,7 +391,9 @@ def test_a_job_past_its_maximum_run_time_is_stopped_and_failed(make_user, make_t
     assert longer.status_code == 400
     assert "A job runs at most 0.003 hours on this site" in detail(longer)
 
-    created = submit(api, team, version, hyperparameters={"epochs": 1000})
+    created = submit(
+        api, team, version, hyperparameters={"epochs": 1000, "early_stopping_patience": 0}
+    )
     assert created.status_code == 201, created.content
     job = TrainingJob.objects.get(pk=created.json()["id"])
     assert job.max_hours == 0.003

@@ -110,7 +110,10 @@ def test_a_running_job_runner_holds_no_secret_and_runs_unprivileged(team, owner)
     rows, mapping = rows_for("text_classification", 200)
     version = make_jsonl_version(dataset, owner, rows, mapping)
     job = training_job_submit(
-        actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
+        actor=owner,
+        team=team,
+        dataset_version=version,
+        hyperparameters={"epochs": 500, "early_stopping_patience": 0},
     )
     job = wait_for(job, until=lambda j: j.step > 0 or j.status == "failed")
     assert job.status == "running", job.error
@@ -215,7 +218,10 @@ def test_jobs_run_as_uids_of_their_own_and_leave_no_process_behind(team, owner):
         version = make_jsonl_version(dataset, owner, rows, mapping)
         jobs.append(
             training_job_submit(
-                actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
+                actor=owner,
+                team=team,
+                dataset_version=version,
+                hyperparameters={"epochs": 500, "early_stopping_patience": 0},
             )
         )
     try:

@@ -77,7 +77,10 @@ def _runner_alive(job: TrainingJob) -> bool:
 def test_cancel_stops_a_running_job_within_seconds(team, owner, make_dataset):
     version = make_dataset(n=200)
     job = training_job_submit(
-        actor=owner, team=team, dataset_version=version, hyperparameters={"epochs": 500}
+        actor=owner,
+        team=team,
+        dataset_version=version,
+        hyperparameters={"epochs": 500, "early_stopping_patience": 0},
     )
     job = wait_for(job, until=lambda j: j.step > 0)
     assert _runner_alive(job)

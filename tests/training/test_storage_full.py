@@ -32,6 +32,7 @@ def test_a_checkpoint_on_a_full_disk_fails_the_job_clearly_and_keeps_the_last_on
                 device_type="dcu",
                 hyperparameters={
                     "epochs": 200,
+                    "early_stopping_patience": 0,
                     "batch_size": 8,
                     "max_seq_length": 32,
                     "checkpoint_steps": 3,

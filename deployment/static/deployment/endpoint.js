@@ -154,6 +154,49 @@
     });
   }
 
+  // -- the canary's preview: the chosen version beside the serving one (the compare API) ------
+  const preview = document.getElementById("canary-preview");
+  const choice = document.getElementById("id_model_version");
+  if (preview && choice) {
+    const L = preview.dataset;
+    const signed = (v) => (v === null || v === undefined ? "–" : (v > 0 ? "+" : "") + fmt(v, 4));
+    function cell(tag, text, cls) {
+      const el = document.createElement(tag);
+      el.textContent = text;
+      if (cls) el.className = cls;
+      return el;
+    }
+    let asked = 0;  // only the answer for the latest choice is shown (choices may overlap)
+    async function compare() {
+      const mine = ++asked;
+      const response = await fetch(`${L.compareUrl}?model_version=${encodeURIComponent(choice.value)}`, { credentials: "same-origin" });
+      const c = response.ok ? (await response.json()).comparison : null;
+      if (mine !== asked) return;
+      preview.textContent = "";
+      delete preview.dataset.worse;
+      if (!c) return;
+      preview.dataset.worse = c.worse;
+      if (c.worse) preview.appendChild(cell("p", L.lWorse, "message error")).dataset.testid = "preview-worse";
+      if (c.caveat) preview.appendChild(cell("p", c.caveat, "notice small"));
+      const table = document.createElement("table");
+      table.className = "list";
+      const head = table.createTHead().insertRow();
+      [L.lMetric, `${L.lServing} (${c.serving.name})`, `${L.lCandidate} (${c.candidate.name})`, L.lDelta]
+        .forEach((t) => head.appendChild(cell("th", t)));
+      const body = table.createTBody();
+      const rows = [[c.metric, c.serving.value, c.candidate.value, c.delta, c.worse]]
+        .concat(c.per_label.map((r) => [`F1 · ${r.label}`, r.serving, r.candidate, r.delta, false]));
+      rows.forEach(([name, a, b, d, bad]) => {
+        const tr = body.insertRow();
+        [name, fmt(a, 4), fmt(b, 4)].forEach((t) => tr.appendChild(cell("td", t)));
+        tr.appendChild(cell("td", signed(d), bad ? "error" : ""));
+      });
+      preview.appendChild(table);
+    }
+    choice.addEventListener("change", compare);
+    compare();
+  }
+
   refresh();
   setInterval(refresh, 5000);
 })();
