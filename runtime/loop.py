@@ -521,6 +521,11 @@ class Progress:
             self.save_best()
         if not self.stopped:
             self.budget.stopped(self.state)
+        if self.budget.budget_s and self.state.get("planned_steps") != self.state["step"]:
+            # The plan of the last epoch's end may promise a step the time did not give: the
+            # checkpoint says where training ended, so a job started again trains no further.
+            self.state["planned_steps"] = self.state["step"]
+            self.save_checkpoint()
         ended_early(self.emit, self.state, total, self.samples, self.busy)
         self.state["samples_per_s"] = round(self.samples / self.busy, 2) if self.busy else None
 
