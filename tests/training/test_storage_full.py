@@ -30,6 +30,9 @@ def test_a_checkpoint_on_a_full_disk_fails_the_job_clearly_and_keeps_the_last_on
                 team=team,
                 dataset_version=version,
                 device_type="dcu",
+                # The small transformer, not an accelerator's default: its checkpoints fit
+                # the small disk until it is filled.
+                preset="ernie-micro-char",
                 hyperparameters={
                     "epochs": 200,
                     "early_stopping_patience": 0,
