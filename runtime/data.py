@@ -16,6 +16,7 @@ Long texts: a text longer than the model's maximum length is cut into overlappin
 (``windows``) in training, evaluation and serving alike; ``predict`` pools their outputs.
 """
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -381,14 +382,17 @@ def _pooled(
     return {"entities": _entities(space, text, merged, transitions), "truncated": truncated}
 
 
+@functools.lru_cache(maxsize=64)
 def _allowed(tags: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """BIO's rules as masks: which tag may follow which ([C, C]), and which may start."""
+    """BIO's rules as masks: which tag may follow which ([C, C]), and which may start (read
+    only: one pair per label set, shared by every row)."""
     inside = [t[2:] if t.startswith("I-") else None for t in tags]
     follow = np.ones((len(tags), len(tags)), dtype=bool)
     for j, kind in enumerate(inside):
         if kind is not None:  # I-x only after B-x or I-x
             follow[:, j] = [t[2:] == kind and t[0] in "BI" for t in tags]
     start = np.array([kind is None for kind in inside])
+    follow.flags.writeable = start.flags.writeable = False
     return follow, start
 
 

@@ -143,7 +143,6 @@ class Predictor:
         manifest: dict,
         tokenizer: CharTokenizer,
         run,
-        transitions: np.ndarray | None = None,
     ) -> None:
         self.manifest = manifest
         self.tokenizer = tokenizer
@@ -151,19 +150,22 @@ class Predictor:
         self.max_length = int(manifest["max_length"])
         self.threshold = float(manifest.get("threshold", 0.5))
         self._run = run
-        self.transitions = transitions
+        self.transitions: np.ndarray | None = None  # a CRF tagger's (read_transitions)
 
-    @staticmethod
-    def read_transitions(export_dir: Path, manifest: dict) -> np.ndarray | None:
-        """A CRF tagger's transitions ([C, C]), which ``crf_file`` holds as JSON."""
-        name = manifest.get("crf_file")
+    def read_transitions(self, export_dir: Path) -> None:
+        """A CRF tagger's transitions ([C, C]), which the manifest's ``crf_file`` holds as
+        JSON (read within the size such a matrix takes: the file comes with an upload)."""
+        name = self.manifest.get("crf_file")
         if not name:
-            return None
-        matrix = np.asarray(json.loads((export_dir / name).read_text("utf-8")), dtype="float64")
-        tags = len(LabelSpace(manifest["task_kind"], tuple(manifest["labels"])).tags)
+            return
+        tags = len(self.space.tags)
+        path = export_dir / name
+        if path.stat().st_size > 64 * tags * tags + 1024:
+            raise ValueError(f"{name} is larger than a {tags}×{tags} matrix of numbers")
+        matrix = np.asarray(json.loads(path.read_text("utf-8")), dtype="float64")
         if matrix.shape != (tags, tags):
             raise ValueError(f"{name} is not a {tags}×{tags} matrix of tag transitions")
-        return matrix
+        self.transitions = matrix
 
     @classmethod
     def load(cls, export_dir: str | Path, device: str = "cpu") -> "Predictor":
@@ -173,12 +175,9 @@ class Predictor:
         if runtime is None:
             raise ValueError(f"unknown runtime {manifest['runtime']!r} in the manifest")
         tokenizer = CharTokenizer.from_file(export_dir / manifest["tokenizer"]["vocab"])
-        return cls(
-            manifest,
-            tokenizer,
-            runtime(export_dir, manifest, device),
-            cls.read_transitions(export_dir, manifest),
-        )
+        predictor = cls(manifest, tokenizer, runtime(export_dir, manifest, device))
+        predictor.read_transitions(export_dir)
+        return predictor
 
     def predict(self, items: list, batch_size: int = 32) -> list[dict]:
         """``batch_size`` windows a model call; a long text is read in several

@@ -15,7 +15,7 @@ import runtime.run as runner
 from runtime import data
 from runtime.backends import paddle_models
 from runtime.backends.paddle import PaddleOps
-from runtime.inference import Predictor, read_manifest
+from runtime.inference import MANIFEST, Predictor, read_manifest, sha256_file
 from runtime.loop import BEST, load_split, predict_rows
 from runtime.presets import FAST_PRESETS, default_preset, presets_for, recommended
 from runtime.spec import JobSpec
@@ -65,6 +65,14 @@ def test_a_fast_preset_trains_exports_and_serves_what_it_learned(tmp_path: Path,
     trained = predict_rows(ops, space, tokenizer, rows, spec.hp.max_seq_length, 0.5)
     served = Predictor.load(workdir / "export").predict(rows)
     assert [_decisions(p) for p in served] == [_decisions(p) for p in trained]
+
+    if kind == "ner":  # crf.json comes with an uploaded export: read within a matrix's size
+        crafted = workdir / "export" / manifest["crf_file"]
+        crafted.write_text("[" + "0," * 100_000 + "0]")
+        manifest["files"][crafted.name] = sha256_file(crafted)
+        (workdir / "export" / MANIFEST).write_text(json.dumps(manifest), "utf-8")
+        with pytest.raises(ValueError, match="larger than a 5×5 matrix"):
+            Predictor.load(workdir / "export")
 
 
 def test_the_viterbi_path_follows_bio_and_the_transitions():
