@@ -34,11 +34,9 @@ def emit(kind: str, **data) -> None:
 
 def run(workdir: Path) -> dict:
     from runtime.backends import get_backend
-    from runtime.data import OBJECTIVES, LabelSpace, is_long
-    from runtime.inference import Predictor, write_manifest
+    from runtime.data import OBJECTIVES, LabelSpace
+    from runtime.inference import write_manifest
     from runtime.kinds import GENERATIVE_KINDS
-    from runtime.loop import load_split
-    from runtime.metrics import evaluate
     from runtime.spec import JobSpec
 
     spec = JobSpec.load(workdir)
@@ -92,6 +90,33 @@ def run(workdir: Path) -> dict:
     tmp.rename(export)
 
     emit("state", phase="evaluating")
+    evaluation, rows, preds = evaluate_export(spec, workdir, export)
+    evaluation.update(
+        history=state.get("history", []),
+        best_step=state.get("best_step"),
+        steps=state.get("step"),
+        train_samples_per_s=state.get("samples_per_s"),
+    )
+    report = evaluation["metrics"]
+    if rows:
+        evaluation.update(_baselines(spec.task_kind, list(space.labels), workdir, rows, report))
+    evaluation["targets"] = _targets(export, workdir, rows, preds)
+    (workdir / "evaluation.json").write_text(
+        json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
+    )
+    summary = {k: v for k, v in report.items() if isinstance(v, int | float)}
+    emit("metrics", step=state.get("step"), split=evaluation["split"], metrics=summary)
+    return evaluation
+
+
+def evaluate_export(spec, workdir: Path, export: Path) -> tuple[dict, list[dict], list[dict]]:
+    """The export scored on the test split (dev when there is none), as the report has it;
+    with the rows and its predictions."""
+    from runtime.data import is_long
+    from runtime.inference import Predictor
+    from runtime.loop import load_split
+    from runtime.metrics import evaluate
+
     split = "test"
     rows = load_split(workdir, "test", spec.task_kind)
     if not rows:
@@ -100,7 +125,8 @@ def run(workdir: Path) -> dict:
     started = time.perf_counter()
     preds = predictor.predict(rows)
     elapsed = time.perf_counter() - started
-    report = evaluate(spec.task_kind, list(space.labels), rows, preds) if rows else {}
+    labels = list(predictor.space.labels)
+    report = evaluate(spec.task_kind, labels, rows, preds) if rows else {}
     # Rows longer than the model reads at once: predicted over overlapping windows (a text pair
     # is still cut), which the model page says.
     max_length = spec.hp.max_seq_length
@@ -122,22 +148,11 @@ def run(workdir: Path) -> dict:
         "rows": len(rows),
         "metrics": report,
         "mistakes": mistakes,
-        "history": state.get("history", []),
-        "best_step": state.get("best_step"),
-        "steps": state.get("step"),
-        "train_samples_per_s": state.get("samples_per_s"),
         "inference_rows_per_s": round(len(rows) / elapsed, 1) if rows and elapsed else None,
         "long_rows": long_rows,
         "max_chars": max_chars,
     }
-    if rows:
-        evaluation.update(_baselines(spec.task_kind, list(space.labels), workdir, rows, report))
-    (workdir / "evaluation.json").write_text(
-        json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
-    )
-    summary = {k: v for k, v in report.items() if isinstance(v, int | float)}
-    emit("metrics", step=state.get("step"), split=split, metrics=summary)
-    return evaluation
+    return evaluation, rows, preds
 
 
 def _baselines(kind: str, labels: list[str], workdir: Path, rows: list[dict], report: dict) -> dict:
@@ -168,6 +183,20 @@ def _baselines(kind: str, labels: list[str], workdir: Path, rows: list[dict], re
         f" majority {fmt(comparison['majority'])}",
     )
     return {"baselines": baselines, "comparison": comparison}
+
+
+def _targets(export: Path, workdir: Path, rows: list[dict], preds: list[dict]) -> dict:
+    """The export's other targets (runtime.targets) in ``targets/``, each checked on the
+    report's rows; one that fails says why and the job goes on."""
+    from runtime.targets import TARGETS_DIR, make_targets
+
+    results = make_targets(export, workdir / TARGETS_DIR, rows, preds)
+    for target, result in results.items():
+        if result["status"] == "failed":
+            emit("log", message=f"target {target} failed: {result['error']}")
+        else:
+            emit("log", message=f"target {target}: agrees on {result['agreement']} of the rows")
+    return results
 
 
 def _generative_evaluation(workdir: Path, state: dict) -> dict:

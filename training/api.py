@@ -3,7 +3,8 @@ write, selectors read."""
 
 import tempfile
 
-from django.http import FileResponse
+from django.http import FileResponse, Http404
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
@@ -34,14 +35,20 @@ from training.serializers import (
 )
 
 
-def model_archive_response(version) -> FileResponse:
-    """The version as one .tar.gz (spooled to disk: models are large)."""
+def model_archive_response(version, target: str | None = None) -> FileResponse:
+    """The version as one .tar.gz (spooled to disk: models are large), or only its export
+    target ``target`` (``?target=onnx``): 404 for a target it does not have."""
     out = tempfile.TemporaryFile()
-    registry.model_version_archive(version, out)
+    if not target:
+        registry.model_version_archive(version, out)
+        name = f"{version.name}-v{version.number}.tar.gz"
+    elif registry.model_version_target_archive(version, target, out):
+        name = f"{version.name}-v{version.number}-{target}.tar.gz"
+    else:
+        out.close()
+        raise Http404(_("This model version has no target %(t)s.") % {"t": target})
     out.seek(0)
-    return FileResponse(
-        out, as_attachment=True, filename=f"{version.name}-v{version.number}.tar.gz"
-    )
+    return FileResponse(out, as_attachment=True, filename=name)
 
 
 def create_on_version(request: Request, body, service, answer) -> Response:
@@ -185,10 +192,19 @@ class ModelVersionBaseModel(TrainingAPIView):
 
 
 class ModelVersionDownload(TrainingAPIView):
-    @extend_schema(responses={(200, "application/gzip"): bytes})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "target",
+                str,
+                description="one export target (paddle_inference, onnx) instead of everything",
+            )
+        ],
+        responses={(200, "application/gzip"): bytes},
+    )
     def get(self, request: Request, team: str, model_version_id: int) -> FileResponse:
         version = selectors.model_version_get(request.team, model_version_id)
-        return model_archive_response(version)
+        return model_archive_response(version, request.query_params.get("target"))
 
 
 class SweepListCreate(PaginatedList, TrainingAPIView):

@@ -23,6 +23,7 @@ from console.models import Team
 from console.quotas import team_storage_check
 from console.services import audit_record
 from runtime.inference import MANIFEST, PATH_FIELDS, read_manifest, write_manifest
+from runtime.targets import TARGET_RUNTIMES, TARGETS_DIR
 from training import storage
 from training.base_models import weights_to_safetensors
 from training.jobs import training_job_finish
@@ -47,6 +48,7 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
         # Links are copied as links (check_outputs refused them already): never their targets.
         shutil.copytree(workdir / "export", staged / "export", symlinks=True)
         shutil.copytree(workdir / "best", staged / "checkpoint", symlinks=True)
+        evaluation["targets"] = _stage_targets(workdir, staged, evaluation.get("targets"))
         files = storage.store_dir(staged, prefix)
     name = job.dataset_version.dataset.name
     with transaction.atomic():
@@ -74,6 +76,85 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         training_job_finish(job, TrainingJob.Status.SUCCEEDED)
     return version
+
+
+def _stage_targets(workdir: Path, staged: Path, reported) -> dict[str, dict]:
+    """The runner's export targets (``targets/<name>``, runtime.targets) that check out, staged
+    beside the export: a known target whose manifest holds every file it names. What the
+    registry found of each is kept, not what the runner said (it runs as another user)."""
+    found: dict[str, dict] = {}
+    reported = reported if isinstance(reported, dict) else {}
+    for name, runtime in TARGET_RUNTIMES.items():
+        said = reported.get(name)
+        if not isinstance(said, dict):
+            continue
+        if said.get("status") != "ready":
+            found[name] = {"status": "failed", "error": str(said.get("error", ""))[:2000]}
+            continue
+        folder = workdir / TARGETS_DIR / name
+        try:
+            manifest = read_manifest(folder)
+            if manifest.get("runtime") != runtime:
+                raise ValueError(f"its manifest names the runtime {manifest.get('runtime')!r}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            found[name] = {"status": "failed", "error": f"its files do not check out: {exc}"}
+            continue
+        shutil.copytree(folder, staged / storage.MODEL_TARGETS / name, symlinks=True)
+        agreement = said.get("agreement")
+        found[name] = {
+            "status": "ready",
+            "runtime": runtime,
+            "agreement": float(agreement) if isinstance(agreement, int | float) else None,
+        }
+    return found
+
+
+# The target a version's own export is, by its runtime (runtime.targets names the others).
+EXPORT_TARGETS = {"paddle_inference": "paddle_inference", "onnxruntime": "onnx"}
+
+
+def model_version_targets(version: ModelVersion) -> list[dict]:
+    """Where the version can run: its export first, then the targets made from it, each with
+    its status, runtime, size and (for a made one) how often it decided as the export did."""
+    own = EXPORT_TARGETS.get(version.runtime, version.runtime)
+    targets = [{"name": own, "runtime": version.runtime, "status": "ready", "agreement": None}]
+    made = (version.evaluation or {}).get("targets") or {}
+    targets += [{"name": name, **made[name]} for name in sorted(made) if name != own]
+    for target in targets:
+        prefix = _target_prefix(version, target["name"])
+        target["size"] = (
+            sum(m["size"] for rel, m in version.files.items() if rel.startswith(prefix))
+            if prefix
+            else None
+        )
+    return targets
+
+
+def _target_prefix(version: ModelVersion, name: str) -> str | None:
+    """Where target ``name`` of the version lies under its storage prefix; None if nowhere."""
+    if name == EXPORT_TARGETS.get(version.runtime, version.runtime):
+        return storage.MODEL_EXPORT
+    made = ((version.evaluation or {}).get("targets") or {}).get(name)
+    if isinstance(made, dict) and made.get("status") == "ready":
+        return f"{storage.MODEL_TARGETS}{name}/"
+    return None
+
+
+def model_version_target_archive(version: ModelVersion, name: str, out) -> bool:
+    """Write target ``name`` of the version (its folder: the manifest with every file's
+    sha256, the model, the vocabulary) as one .tar.gz to ``out``; False if it has none."""
+    prefix = _target_prefix(version, name)
+    if prefix is None:
+        return False
+    with tarfile.open(fileobj=out, mode="w:gz") as tf:
+        for rel, meta_file in version.files.items():
+            if not rel.startswith(prefix):
+                continue
+            info = tarfile.TarInfo(rel[len(prefix) :])
+            info.size = meta_file["size"]
+            with default_storage.open(version.storage_prefix + rel, "rb") as f:
+                tf.addfile(info, f)
+    return True
 
 
 def model_version_archive(version: ModelVersion, out) -> None:

@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS
 from training.models import BaseModel, ModelVersion, Sweep, TrainingEvent, TrainingJob
+from training.registry import model_version_targets
 from training.sweeps import param_importances, sweep_trials
 
 
@@ -201,9 +202,27 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         ]
 
 
+class ModelTargetSerializer(serializers.Serializer):
+    """An export target of a version (training.registry.model_version_targets): download it
+    with ``download/?target=<name>``."""
+
+    name = serializers.CharField()
+    runtime = serializers.CharField(allow_null=True, required=False)
+    status = serializers.ChoiceField(choices=["ready", "failed"])
+    agreement = serializers.FloatField(allow_null=True, required=False)
+    size = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField(required=False)
+
+
 class ModelVersionDetailSerializer(ModelVersionSerializer):
+    targets = serializers.SerializerMethodField()
+
     class Meta(ModelVersionSerializer.Meta):
-        fields = [*ModelVersionSerializer.Meta.fields, "evaluation", "files"]
+        fields = [*ModelVersionSerializer.Meta.fields, "evaluation", "files", "targets"]
+
+    @extend_schema_field(ModelTargetSerializer(many=True))
+    def get_targets(self, version: ModelVersion) -> list[dict]:
+        return model_version_targets(version)
 
 
 class BaseModelFromVersionSerializer(serializers.Serializer):

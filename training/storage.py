@@ -15,6 +15,7 @@ from django.core.files.storage import default_storage
 from django.utils.translation import gettext as _
 
 MODEL_EXPORT = "export/"  # where a model version's export lies under its storage prefix
+MODEL_TARGETS = "targets/"  # and its other export targets (runtime.targets), a folder each
 
 
 def store_dir(local: Path, prefix: str) -> dict[str, dict]:

@@ -27,6 +27,7 @@ from runtime import sandbox
 from runtime.net import free_port
 from runtime.run import EVENT_PREFIX
 from runtime.spec import Hyperparameters, JobSpec
+from runtime.targets import TARGETS_DIR
 from training import storage
 from training.base_models import base_model_from_job
 from training.jobs import training_job_finish
@@ -350,6 +351,8 @@ def training_job_execute(job: TrainingJob) -> None:
             base_model_from_job(job, workdir)
         else:
             outputs = [workdir / "export", workdir / "best", workdir / "evaluation.json"]
+            if (workdir / TARGETS_DIR).exists():
+                outputs.append(workdir / TARGETS_DIR)
             sandbox.check_outputs(sup.user, outputs)
             model_version_register(job, workdir)
     except Exception as exc:

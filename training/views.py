@@ -24,7 +24,7 @@ from training.base_models import base_model_from_version, base_model_import
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import TrainingJob
-from training.registry import model_version_delete, model_version_import
+from training.registry import model_version_delete, model_version_import, model_version_targets
 from training.sweeps import param_importances, sweep_create, sweep_trials
 from training.sweeps import sweep_cancel as sweep_cancel_service
 
@@ -247,6 +247,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "can_deploy": _can(request, Perm.DEPLOYMENT_WRITE),
             "can_import": _can(request, Perm.MODEL_IMPORT),
             "generative": version.task_kind in GENERATIVE_KINDS,
+            "targets": model_version_targets(version),
         },
     )
 
@@ -254,7 +255,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
 @team_view()
 def model_download(request: HttpRequest, model_version_id: int) -> HttpResponse:
     version = selectors.model_version_get(request.team, model_version_id)
-    return api.model_archive_response(version)
+    return api.model_archive_response(version, request.GET.get("target"))
 
 
 @team_view()

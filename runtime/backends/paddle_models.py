@@ -48,8 +48,11 @@ def _gram_ids(
     """The bucket of the n-gram made of the characters at ``offsets`` from each position
     (``salt`` keeps n-grams of different orders apart)."""
     h = paddle.full_like(ids, salt)
+    # A tensor factor, not a Python one: Paddle makes ``h * number`` a ``scale`` op, which
+    # ONNX converters compute in float32 (wrong buckets).
+    prime = paddle.full_like(ids, _PRIME)
     for off in offsets:
-        h = (h * _PRIME + _shift(ids, -off)) % (1 << 40)
+        h = (h * prime + _shift(ids, -off)) % (1 << 40)
     return h % buckets
 
 

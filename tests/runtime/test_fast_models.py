@@ -65,6 +65,12 @@ def test_a_fast_preset_trains_exports_and_serves_what_it_learned(tmp_path: Path,
     trained = predict_rows(ops, space, tokenizer, rows, spec.hp.max_seq_length, 0.5)
     served = Predictor.load(workdir / "export").predict(rows)
     assert [_decisions(p) for p in served] == [_decisions(p) for p in trained]
+    # Its ONNX target (paddle2onnx, served by ONNX Runtime) decides the same.
+    assert evaluation["targets"]["onnx"]["status"] == "ready", evaluation["targets"]
+    assert evaluation["targets"]["onnx"]["agreement"] == 1.0
+    onnx = Predictor.load(workdir / "targets" / "onnx")
+    assert onnx.manifest["runtime"] == "onnxruntime"
+    assert [_decisions(p) for p in onnx.predict(rows)] == [_decisions(p) for p in trained]
 
     if kind == "ner":  # crf.json comes with an uploaded export: read within a matrix's size
         crafted = workdir / "export" / manifest["crf_file"]

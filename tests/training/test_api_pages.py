@@ -1,5 +1,8 @@
 """The REST API and console pages of training, as a maintainer and a viewer see them."""
 
+import io
+import tarfile
+
 import pytest
 from django.urls import reverse
 
@@ -150,6 +153,17 @@ def test_the_evaluation_report_comparison_and_download(client, team, owner, tmp_
     assert download.status_code == 200
     assert download["Content-Disposition"].endswith('reviews-v1.tar.gz"')
     assert b"".join(download.streaming_content)[:2] == b"\x1f\x8b"
+    # Its export target alone: the export's folder (manifest first-level), a 404 for one it
+    # has not.
+    assert 'data-target="onnx"' in body and 'data-testid="download-onnx"' in body
+    url = reverse(
+        "training:model_download", kwargs={"team": team.slug, "model_version_id": first.pk}
+    )
+    target = client.get(url, {"target": "onnx"})
+    assert target["Content-Disposition"].endswith('reviews-v1-onnx.tar.gz"')
+    with tarfile.open(fileobj=io.BytesIO(b"".join(target.streaming_content))) as tf:
+        assert sorted(tf.getnames()) == ["manifest.json", "model.onnx", "vocab.txt"]
+    assert client.get(url, {"target": "paddle_lite"}).status_code == 404
 
 
 def test_the_base_models_page_lists_presets_and_refuses_a_bad_import(client, team, owner):

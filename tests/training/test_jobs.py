@@ -1,9 +1,12 @@
 """Training jobs through the real Celery train worker, Redis and the runner process (Paddle and
 torch in the runtime venv): each task kind with each backend, cancel, a killed worker, retry."""
 
+import io
+import json
 import os
 import signal
 import subprocess
+import tarfile
 import time
 
 import pytest
@@ -13,6 +16,7 @@ from django.db import transaction
 from tests.helpers.jobs import log_of, losses, wait_for
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import ModelVersion, TrainingJob
+from training.registry import model_version_target_archive, model_version_targets
 from training.supervision import job_workdir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("train_worker")]
@@ -60,6 +64,22 @@ def test_each_task_kind_trains_with_each_backend(team, owner, make_dataset, kind
     assert comparison["model"] == report[comparison["metric"]]
     assert comparison["baseline"] is not None, model.evaluation["baselines"]
     assert {row["label"] for row in comparison["per_label"]} >= set(job.labels)
+    # Its export targets: the export itself, and for a Paddle model its ONNX form, which
+    # decided every test row as the export did; each downloads as a folder whose manifest
+    # holds the sha256 of its files.
+    targets = {t["name"]: t for t in model_version_targets(model)}
+    assert next(iter(targets)) == {"paddle": "paddle_inference", "torch": "onnx"}[backend]
+    assert all(t["status"] == "ready" for t in targets.values()), targets
+    if backend == "paddle":
+        assert targets["onnx"]["runtime"] == "onnxruntime"
+        assert targets["onnx"]["agreement"] == 1.0, targets
+    for name in targets:
+        out = io.BytesIO()
+        assert model_version_target_archive(model, name, out)
+        out.seek(0)
+        with tarfile.open(fileobj=out) as tf:
+            manifest = json.load(tf.extractfile("manifest.json"))
+            assert set(manifest["files"]) | {"manifest.json"} == set(tf.getnames())
     kinds = set(job.events.values_list("kind", flat=True))
     assert {"state", "loss", "metrics", "checkpoint"} <= kinds
     # The work directory is removed once the model is registered (just after the status).
