@@ -44,6 +44,10 @@ def run(workdir: Path) -> dict:
         # What this process sees: the job's own cards only (set by the train worker).
         seen = os.environ.get(spec.visibility_env, "")
         print(f"devices: {spec.device} via {spec.visibility_env}={seen}")
+    if spec.objective == "int8":  # compression of a trained model (runtime.compress)
+        from runtime.compress import run_compression
+
+        return run_compression(spec, workdir, emit)
     emit("state", phase="loading")
     backend = get_backend(spec.backend)
     state = backend.train(spec, workdir, emit) or {}

@@ -70,6 +70,10 @@ class Hyperparameters:
     # Masked language modelling (objective "mlm", runtime.mlm): the share of characters
     # predicted (BERT's 15%: 80% [MASK], 10% a random character, 10% unchanged).
     mlm_probability: float = 0.15
+    # Compression (objective "int8", runtime.compress): "dynamic" or "static" quantization,
+    # and the dev rows that calibrate a static one.
+    quantization: str = "dynamic"
+    calibration_rows: int = 200
 
     @classmethod
     def from_dict(cls, data: dict) -> "Hyperparameters":
@@ -86,7 +90,8 @@ class JobSpec:
     task_kind: str
     labels: list[str]
     backend: str = "paddle"
-    # "" trains the task kind's model; "mlm" pretrains an encoder on the texts (runtime.mlm).
+    # "" trains the task kind's model; "mlm" pretrains an encoder on the texts (runtime.mlm);
+    # "int8" quantizes the model in ``parent/`` (runtime.compress).
     objective: str = ""
     # A preset name (a small model built from a config) or the imported base model's files.
     preset: str | None = None

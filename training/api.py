@@ -15,12 +15,13 @@ from console.pagination import PaginatedList
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS, is_fast, preset_config
-from training import base_models, jobs, registry, selectors, sweeps
+from training import base_models, compression, jobs, registry, selectors, sweeps
 from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,
     BaseModelSerializer,
     BaseModelShareSerializer,
+    CompressSerializer,
     JobCloneSerializer,
     JobEventsSerializer,
     JobSerializer,
@@ -187,6 +188,18 @@ class ModelVersionBaseModel(TrainingAPIView):
         version=selectors.model_version_get,
         body=BaseModelFromVersionSerializer,
         answer=BaseModelSerializer,
+        status_code=201,
+    )
+
+
+class ModelVersionCompress(TrainingAPIView):
+    """Queue the version's INT8 compression: the job, whose result is a new version."""
+
+    post = Op.action(
+        compression.compression_submit,
+        version=selectors.model_version_get,
+        body=CompressSerializer,
+        answer=JobSerializer,
         status_code=201,
     )
 

@@ -79,6 +79,8 @@ class TrainingJob(Created):
         # modelling on the version's texts (a base model named as the job: runtime.mlm).
         TASK = "", _("fine-tune for the task")
         MLM = "mlm", _("pretrain on the texts (masked language modelling)")
+        # A trained model version (``parent_version``) compressed: runtime.compress.
+        INT8 = "int8", _("compress to INT8 (post-training quantization)")
 
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 
@@ -98,6 +100,14 @@ class TrainingJob(Created):
         _("objective"), max_length=8, choices=Objective.choices, default="", blank=True
     )
     hyperparameters = models.JSONField(default=dict)
+    # What a compression job compresses (objective "int8").
+    parent_version = models.ForeignKey(
+        "ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="compression_jobs",
+    )
     device_type = models.CharField(_("device"), max_length=16, default="cpu")
     device_count = models.PositiveSmallIntegerField(_("devices"), default=1)
     priority = models.PositiveSmallIntegerField(
@@ -227,6 +237,12 @@ class ModelVersion(Created):
     files = models.JSONField(default=dict)  # {relative path: {"sha256", "size"}}
     # Lineage as it was where the model was trained, for an imported version.
     provenance = models.JSONField(default=dict, blank=True)
+    # A compressed version: the version it was made from, and how (runtime.compress: method,
+    # parameters, the deltas, sizes and latencies beside the parent).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    compression = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name", "-number"]

@@ -64,7 +64,7 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
             labels=list(job.labels),
             backend=job.backend,
             runtime=manifest["runtime"],
-            base=job.model_source,
+            base=job.parent_version.base if job.parent_version else job.model_source,
             hyperparameters=job.hyperparameters,
             metrics={k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)},
             evaluation=evaluation,
@@ -72,10 +72,24 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
             storage_prefix=prefix,
             files=files,
             created_by=job.created_by,
+            **_lineage(job, evaluation),
         )
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         training_job_finish(job, TrainingJob.Status.SUCCEEDED)
     return version
+
+
+def _lineage(job: TrainingJob, evaluation: dict) -> dict:
+    """A compression job's version: its parent and how it was made (runtime.compress's
+    figures, which the model page shows beside the parent's)."""
+    parent = job.parent_version
+    if job.objective != TrainingJob.Objective.INT8 or parent is None:
+        return {}
+    compression = evaluation.get("compression")
+    return {
+        "parent": parent,
+        "compression": compression if isinstance(compression, dict) else {},
+    }
 
 
 def _stage_targets(workdir: Path, staged: Path, reported) -> dict[str, dict]:

@@ -1,7 +1,9 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from runtime.compress import MODES as QUANTIZATION_MODES
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS
+from training.compression import MAX_CALIBRATION_ROWS
 from training.models import BaseModel, ModelVersion, Sweep, TrainingEvent, TrainingJob
 from training.registry import model_version_targets
 from training.sweeps import param_importances, sweep_trials
@@ -85,6 +87,7 @@ class JobSerializer(serializers.ModelSerializer):
             "base_model_owner",
             "preset",
             "objective",
+            "parent_version",
             "pretrained_model",
             "hyperparameters",
             "device_type",
@@ -198,6 +201,8 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "baseline_comparison",
             "manifest",
             "provenance",
+            "parent",
+            "compression",
             "created_at",
         ]
 
@@ -223,6 +228,16 @@ class ModelVersionDetailSerializer(ModelVersionSerializer):
     @extend_schema_field(ModelTargetSerializer(many=True))
     def get_targets(self, version: ModelVersion) -> list[dict]:
         return model_version_targets(version)
+
+
+class CompressSerializer(serializers.Serializer):
+    """INT8 quantization of a version (training.compression): dynamic, or static calibrated on
+    ``calibration_rows`` rows of the dev split."""
+
+    mode = serializers.ChoiceField(choices=list(QUANTIZATION_MODES), default="dynamic")
+    calibration_rows = serializers.IntegerField(
+        min_value=1, max_value=MAX_CALIBRATION_ROWS, default=200
+    )
 
 
 class BaseModelFromVersionSerializer(serializers.Serializer):

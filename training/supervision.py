@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 
 from console.hardware import profile
 from runtime import sandbox
+from runtime.compress import PARENT_DIR
 from runtime.net import free_port
 from runtime.run import EVENT_PREFIX
 from runtime.spec import Hyperparameters, JobSpec
@@ -81,6 +82,22 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
             for out in outs.values():
                 out.close()
         (data / ".complete").touch()
+    parent_dir = workdir / PARENT_DIR
+    if job.objective == TrainingJob.Objective.INT8 and (
+        not (parent_dir / ".complete").is_file() or not sandbox.plain(parent_dir)
+    ):
+        # The version a compression job compresses: its export and export targets.
+        version = job.parent_version
+        if version is None:
+            raise ValueError(_("The model version to compress was deleted."))
+        shutil.rmtree(parent_dir, ignore_errors=True)
+        wanted = {
+            rel: meta
+            for rel, meta in version.files.items()
+            if rel.startswith((storage.MODEL_EXPORT, storage.MODEL_TARGETS))
+        }
+        storage.fetch_dir(version.storage_prefix, wanted, parent_dir, beat)
+        (parent_dir / ".complete").touch()
     if job.base_model_id and (
         not (base_dir / ".complete").is_file() or not sandbox.plain(base_dir)
     ):

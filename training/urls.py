@@ -49,6 +49,11 @@ urlpatterns = [
         name="api_model_base_model",
     ),
     path(
+        A + "models/<int:model_version_id>/compress/",
+        api.ModelVersionCompress.as_view(),
+        name="api_model_compress",
+    ),
+    path(
         A + "models/<int:model_version_id>/download/",
         api.ModelVersionDownload.as_view(),
         name="api_model_download",

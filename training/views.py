@@ -16,11 +16,13 @@ from console.hardware import profiles
 from console.pagination import paginate, render_page
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
+from runtime.compress import MODES as QUANTIZATION_MODES
 from runtime.estimate import estimates
 from runtime.kinds import GENERATIVE_KINDS
 from runtime.presets import LLM_PRESETS, PRESETS
 from training import api, selectors
 from training.base_models import base_model_from_version, base_model_import
+from training.compression import compression_submit, compression_view
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import TrainingJob
@@ -233,6 +235,23 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
         else:
             messages.success(request, _("%(name)s is a base model now.") % {"name": model.name})
             return redirect("training:base_models", team=request.team.slug)
+    if request.method == "POST" and request.POST.get("action") == "compress":
+        if not _can(request, Perm.TRAINING_WRITE):
+            raise PermissionDenied
+        try:
+            job = compression_submit(
+                actor=request.user,
+                version=version,
+                mode=request.POST.get("mode", "dynamic"),
+                calibration_rows=_int_field(request.POST.get("calibration_rows"), 200),
+            )
+        except ValidationError as exc:
+            messages.error(request, error_text(exc))
+        else:
+            messages.success(
+                request, _("The compression is queued as job #%(id)d.") % {"id": job.pk}
+            )
+            return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
     metrics = version.evaluation.get("metrics", {})
     return render(
         request,
@@ -248,6 +267,8 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "can_import": _can(request, Perm.MODEL_IMPORT),
             "generative": version.task_kind in GENERATIVE_KINDS,
             "targets": model_version_targets(version),
+            "compression": compression_view(version),
+            "quantization_modes": QUANTIZATION_MODES,
         },
     )
 
@@ -273,6 +294,15 @@ def models_compare(request: HttpRequest) -> HttpResponse:
             "hp_rows": [(k, [v.hyperparameters.get(k) for v in versions]) for k in hp_keys],
         },
     )
+
+
+def _int_field(value: str | None, default: int) -> int:
+    """A whole number a form posted; ``default`` when it is none (the service checks the
+    range)."""
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
 
 
 def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:

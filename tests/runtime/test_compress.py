@@ -1,0 +1,71 @@
+"""INT8 compression (runtime.compress) end to end, in-process: a real model trained by the
+runner, then quantized by a job of objective "int8" from its files in ``parent/``: the result
+is an ONNX Runtime export that decides as its parent did, smaller, with its report beside the
+parent's."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("paddle")
+
+import runtime.run as runner
+from runtime.compress import PARENT_DIR, onnx_form
+from runtime.inference import Predictor, read_manifest
+from runtime.spec import JobSpec
+from runtime.targets import TARGETS_DIR
+from tests.helpers.workdir import make_workdir
+
+
+def _trained(tmp_path: Path, kind: str, backend: str, preset: str) -> Path:
+    workdir, spec = make_workdir(
+        tmp_path / "train", kind, sizes=(160, 30, 40), max_seq_length=32, epochs=4
+    )
+    spec.backend, spec.preset = backend, preset
+    spec.save(workdir)
+    runner.run(workdir)
+    return workdir
+
+
+@pytest.mark.parametrize(
+    ("kind", "backend", "preset", "mode"),
+    [
+        ("text_classification", "paddle", "ernie-micro-char", "dynamic"),
+        ("ner", "paddle", "bigru-crf-char", "static"),
+        ("text_pair", "torch", "ernie-micro-char", "dynamic"),
+    ],
+)
+def test_a_model_quantized_to_int8_decides_as_its_parent(
+    tmp_path: Path, monkeypatch, kind, backend, preset, mode
+):
+    monkeypatch.setattr(runner, "emit", lambda *a, **k: None)
+    trained = _trained(tmp_path, kind, backend, preset)
+
+    workdir = tmp_path / "compress"
+    shutil.copytree(trained / "data", workdir / "data")
+    shutil.copytree(trained / "export", workdir / PARENT_DIR / "export")
+    if (trained / TARGETS_DIR).exists():
+        shutil.copytree(trained / TARGETS_DIR, workdir / PARENT_DIR / TARGETS_DIR)
+    spec = JobSpec.load(trained)
+    spec.objective = "int8"
+    spec.hp.quantization, spec.hp.calibration_rows = mode, 20
+    spec.save(workdir)
+    evaluation = runner.run(workdir)
+
+    manifest = read_manifest(workdir / "export")
+    assert manifest["runtime"] == "onnxruntime" and manifest["quantization"] == f"int8-{mode}"
+    compression = evaluation["compression"]
+    assert compression["params"]["mode"] == mode
+    assert compression["agreement"] >= 0.9, compression
+    assert abs(compression["metric_delta"]["micro_f1"]) <= 0.1, compression
+    # INT8 weights: well under half the size of the FP32 ONNX form.
+    assert compression["size"]["int8"] < 0.5 * compression["size"]["parent_onnx"], compression
+    for model in ("int8", "parent", "parent_onnx"):
+        figures = compression["latency"][model]
+        assert figures["b1_ms"] > 0 and figures["b32_rows_per_s"] > 0
+    assert onnx_form(workdir / PARENT_DIR).name in ("export", "onnx")
+    # The compressed export serves like any: the report's predictions are its own.
+    rows = [m["row"] for m in evaluation["mistakes"]][:5]
+    served = Predictor.load(workdir / "export").predict(rows)
+    assert [p for p in served] == [m["predicted"] for m in evaluation["mistakes"]][:5]

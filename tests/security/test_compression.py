@@ -1,0 +1,37 @@
+"""Compression, attacked: a member of another team cannot compress a team's model version
+(404, as for everything of another team), a viewer cannot queue one (403), and sizes an
+attacker picks are bounded."""
+
+import pytest
+from django.test import Client
+
+from console.roles import Role
+from console.services import api_token_create
+from tests.helpers.models import stored_model
+from training.models import TrainingJob
+
+pytestmark = pytest.mark.django_db
+
+
+def _api(user) -> Client:
+    _token, key = api_token_create(actor=user, name="t")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_ACCEPT_LANGUAGE="en")
+
+
+def test_another_team_and_a_viewer_cannot_compress_a_model(make_user, make_team, tmp_path):
+    alice, mallory, victor = make_user("alice"), make_user("mallory"), make_user("victor")
+    team_a = make_team("Alpha", {alice: Role.OWNER, victor: Role.VIEWER})
+    team_b = make_team("Bravo", {mallory: Role.OWNER})
+    model = stored_model(team_a, alice, tmp_path)
+
+    body = {"mode": "dynamic"}
+    mine = f"/api/v1/teams/{team_b.slug}/models/{model.pk}/compress/"
+    assert _api(mallory).post(mine, body, content_type="application/json").status_code == 404
+    theirs = f"/api/v1/teams/{team_a.slug}/models/{model.pk}/compress/"
+    assert _api(mallory).post(theirs, body, content_type="application/json").status_code == 404
+    assert _api(victor).post(theirs, body, content_type="application/json").status_code == 403
+    # The owner's own request, with a calibration size past the limit: refused, said why.
+    too_many = {"mode": "static", "calibration_rows": 10**9}
+    response = _api(alice).post(theirs, too_many, content_type="application/json")
+    assert response.status_code == 400 and "calibration_rows" in response.content.decode()
+    assert not TrainingJob.objects.exists()

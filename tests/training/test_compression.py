@@ -1,0 +1,65 @@
+"""Compression through the real train worker: a Paddle model trained from the API, then
+compressed to INT8 from the API; the result is a new version whose parent is the trained one,
+evaluated on the same test rows, smaller, and shown beside its parent on its page."""
+
+import pytest
+from django.urls import reverse
+
+from console.services import api_token_create
+from tests.helpers.jobs import wait_for
+from training.compression import compression_submit
+from training.jobs import training_job_clone, training_job_submit
+from training.models import ModelVersion, TrainingJob
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("train_worker")]
+
+
+def test_a_trained_model_compresses_to_a_smaller_int8_version(client, team, owner, make_dataset):
+    version = make_dataset("text_classification", n=120)
+    job = training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=version,
+        hyperparameters={"epochs": 4, "batch_size": 16, "max_seq_length": 32},
+    )
+    job = wait_for(job)
+    assert job.status == "succeeded", job.error
+    parent = ModelVersion.objects.get(job=job)
+
+    _token, key = api_token_create(actor=owner, name="ci")
+    api = f"/api/v1/teams/{team.slug}/models/{parent.pk}/compress/"
+    response = client.post(
+        api,
+        {"mode": "dynamic"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["objective"] == "int8"
+    assert response.json()["parent_version"] == parent.pk
+    compress = wait_for(TrainingJob.objects.get(pk=response.json()["id"]))
+    assert compress.status == "succeeded", compress.error
+
+    child = ModelVersion.objects.get(job=compress)
+    assert child.parent == parent and child.name == parent.name
+    assert child.number == parent.number + 1 and child.base == parent.base
+    assert child.runtime == "onnxruntime" and child.manifest["quantization"] == "int8-dynamic"
+    figures = child.compression
+    assert figures["method"] == "int8" and figures["params"] == {"mode": "dynamic"}
+    assert figures["agreement"] >= 0.9, figures
+    assert abs(figures["metric_delta"]["accuracy"]) <= 0.05, figures
+    assert figures["size"]["int8"] < 0.5 * figures["size"]["parent_onnx"], figures
+    assert child.evaluation["rows"] == parent.evaluation["rows"]
+
+    # Its page: beside its parent, with the sizes and timings of each.
+    client.force_login(owner)
+    page = client.get(
+        reverse("training:model", kwargs={"team": team.slug, "model_version_id": child.pk})
+    ).content.decode()
+    assert 'data-testid="compression"' in page and 'data-testid="parent"' in page
+    assert "this version (INT8)" in page and 'data-metric="accuracy"' in page
+    # A compressed version is not compressed again, and its job is redone from the page.
+    with pytest.raises(Exception, match="compressed already"):
+        compression_submit(actor=owner, version=child)
+    with pytest.raises(Exception, match="started again from its model version"):
+        training_job_clone(actor=owner, job=compress, changes={})
