@@ -48,7 +48,11 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
         # Links are copied as links (check_outputs refused them already): never their targets.
         shutil.copytree(workdir / "export", staged / "export", symlinks=True)
         shutil.copytree(workdir / "best", staged / "checkpoint", symlinks=True)
-        evaluation["targets"] = _stage_targets(workdir, staged, evaluation.get("targets"))
+        evaluation["targets"] = _checked_targets(workdir / TARGETS_DIR, evaluation.get("targets"))
+        for name, target in evaluation["targets"].items():
+            if target["status"] == "ready":
+                dest = staged / storage.MODEL_TARGETS / name
+                shutil.copytree(workdir / TARGETS_DIR / name, dest, symlinks=True)
         files = storage.store_dir(staged, prefix)
     name = job.dataset_version.dataset.name
     with transaction.atomic():
@@ -92,10 +96,11 @@ def _lineage(job: TrainingJob, evaluation: dict) -> dict:
     }
 
 
-def _stage_targets(workdir: Path, staged: Path, reported) -> dict[str, dict]:
-    """The runner's export targets (``targets/<name>``, runtime.targets) that check out, staged
-    beside the export: a known target whose manifest holds every file it names. What the
-    registry found of each is kept, not what the runner said (it runs as another user)."""
+def _checked_targets(root: Path, reported) -> dict[str, dict]:
+    """The export targets under ``root`` (``<root>/<name>``, runtime.targets) as found: a
+    known target said to be ready is ready only if its manifest holds every file it names and
+    the runtime it should. What a runner (another user) or another site's archive says of
+    them is not taken on trust."""
     found: dict[str, dict] = {}
     reported = reported if isinstance(reported, dict) else {}
     for name, runtime in TARGET_RUNTIMES.items():
@@ -105,15 +110,13 @@ def _stage_targets(workdir: Path, staged: Path, reported) -> dict[str, dict]:
         if said.get("status") != "ready":
             found[name] = {"status": "failed", "error": str(said.get("error", ""))[:2000]}
             continue
-        folder = workdir / TARGETS_DIR / name
         try:
-            manifest = read_manifest(folder)
+            manifest = read_manifest(root / name)
             if manifest.get("runtime") != runtime:
                 raise ValueError(f"its manifest names the runtime {manifest.get('runtime')!r}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             found[name] = {"status": "failed", "error": f"its files do not check out: {exc}"}
             continue
-        shutil.copytree(folder, staged / storage.MODEL_TARGETS / name, symlinks=True)
         agreement = said.get("agreement")
         found[name] = {
             "status": "ready",
@@ -251,6 +254,10 @@ def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> Mod
         except (FileNotFoundError, ValueError) as exc:
             raise ValidationError(str(exc)) from exc
         (root / "model.json").unlink()
+        evaluation = meta.get("evaluation") if isinstance(meta.get("evaluation"), dict) else {}
+        evaluation["targets"] = _checked_targets(
+            root / storage.MODEL_TARGETS, evaluation.get("targets")
+        )
         team_storage_check(team, storage.dir_size(root))
         uid = uuid.uuid4()
         prefix = f"models/{uid.hex}/"
@@ -271,7 +278,7 @@ def model_version_import(*, actor: AbstractBaseUser, team: Team, archive) -> Mod
             base=str(meta.get("base", "")),
             hyperparameters=meta.get("hyperparameters") or {},
             metrics=meta.get("metrics") or {},
-            evaluation=meta.get("evaluation") or {},
+            evaluation=evaluation,
             manifest=manifest,
             storage_prefix=prefix,
             files=files,

@@ -65,3 +65,25 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
     expect(page.get_by_test_id("baseline-summary")).to_contain_text("tfidf_char_lr")
     expect(page.get_by_test_id("baseline-per-label")).to_contain_text("负面")
     shot(page, "training-report")
+
+    # Its export targets: the Paddle export and its ONNX form, which decided as it did.
+    targets = page.get_by_test_id("targets")
+    expect(targets.locator('tr[data-target="paddle_inference"]')).to_have_attribute(
+        "data-status", "ready"
+    )
+    expect(targets.locator('tr[data-target="onnx"]')).to_have_attribute("data-status", "ready")
+    expect(targets.locator('tr[data-target="onnx"]')).to_contain_text("1.0000")
+
+    # Compressed to INT8 from the report: a job, then a new version beside its parent.
+    form = page.get_by_test_id("compress-form")
+    form.locator("select[name=mode]").select_option("dynamic")
+    shot(page, "training-compress")
+    page.get_by_test_id("compress").click()
+    expect(status).to_have_attribute("data-status", "succeeded", timeout=120_000)
+    page.get_by_test_id("model-link").get_by_role("link").click()
+    expect(page.get_by_test_id("parent")).to_contain_text("评论 v1")
+    expect(page.get_by_test_id("compression-runs")).to_contain_text("INT8")
+    expect(
+        page.get_by_test_id("compression-metrics").locator('tr[data-metric="accuracy"]')
+    ).to_be_visible()
+    shot(page, "training-compressed")

@@ -224,3 +224,16 @@ def test_a_tampered_archive_is_refused(team, owner, tmp_path):
             actor=owner, team=team, archive=SimpleUploadedFile("m.tar.gz", out.getvalue())
         )
     assert ModelVersion.objects.count() == 1
+
+
+def test_an_archive_that_claims_a_target_it_lacks_imports_without_it(team, owner, tmp_path):
+    # Another site's model.json says its ONNX target is ready; the archive holds no such files.
+    claimed = {"targets": {"onnx": {"status": "ready", "agreement": 1.0}}}
+    original = stored_model(team, owner, tmp_path, evaluation=claimed)
+    buf = io.BytesIO()
+    model_version_archive(original, buf)
+    copy = model_version_import(
+        actor=owner, team=team, archive=SimpleUploadedFile("m.tar.gz", buf.getvalue())
+    )
+    target = copy.evaluation["targets"]["onnx"]
+    assert target["status"] == "failed" and "do not check out" in target["error"]
