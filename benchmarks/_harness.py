@@ -211,6 +211,16 @@ def runtime_env(**extra: str) -> dict:
     return env
 
 
+def train_dev_test(rows: list[dict]) -> dict[str, list[dict]]:
+    """``rows`` cut 0.8 / 0.1 / 0.1 into the splits, in their order."""
+    n = len(rows)
+    return {
+        "train": rows[: n * 8 // 10],
+        "dev": rows[n * 8 // 10 : n * 9 // 10],
+        "test": rows[n * 9 // 10 :],
+    }
+
+
 def write_splits(workdir: Path, splits: dict[str, list[dict]]) -> None:
     """The runner's data/<split>.jsonl files."""
     data = workdir / "data"

@@ -21,35 +21,38 @@ import json
 import shutil
 from pathlib import Path
 
-from _harness import parse, print_result, review_rows, run_events, workspace, write_splits
+from _harness import (
+    parse,
+    print_result,
+    review_rows,
+    run_events,
+    train_dev_test,
+    workspace,
+    write_splits,
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=4000)
+    parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--preset", default="ernie-tiny-char")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--mode", choices=["dynamic", "static"], default="dynamic")
     args = parse(parser, smoke={"rows": 200, "epochs": 1, "preset": "ernie-micro-char"})
 
     from runtime.presets import recommended
     from runtime.spec import JobSpec
 
-    rows = review_rows(args.rows)
+    rows = review_rows(args.rows, filler=(4, 24))  # one window each: the model, not windows
     labels = sorted({r["label"] for r in rows})
     n = len(rows)
     hp = recommended("text_classification", preset=args.preset)
-    hp.epochs, hp.max_seq_length, hp.early_stopping_patience = args.epochs, 64, 0
+    hp.epochs, hp.learning_rate, hp.max_seq_length = args.epochs, args.learning_rate, 32
+    hp.early_stopping_patience = 0
     with workspace("compression-") as tmp:
         trained = Path(tmp) / "trained"
-        write_splits(
-            trained,
-            {
-                "train": rows[: n * 8 // 10],
-                "dev": rows[n * 8 // 10 : n * 9 // 10],
-                "test": rows[n * 9 // 10 :],
-            },
-        )
+        write_splits(trained, train_dev_test(rows))
         spec = JobSpec(
             job_id=1,
             task_kind="text_classification",

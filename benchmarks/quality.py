@@ -25,7 +25,7 @@ import random
 import sys
 from pathlib import Path
 
-from _harness import CHARS, parse, print_result, run_events, workspace, write_splits
+from _harness import CHARS, parse, print_result, run_events, train_dev_test, workspace, write_splits
 
 POSITIVE = ["满意", "喜欢", "推荐", "不错", "好用", "舒服", "划算", "结实", "漂亮", "实惠"]
 NEGATIVE = ["失望", "糟糕", "退货", "难用", "后悔", "粗糙", "卡顿", "掉色", "异味", "太贵"]
@@ -116,14 +116,7 @@ def main() -> None:
     n = len(rows)
     with workspace("quality-") as tmp:
         workdir = Path(tmp) / "job"
-        write_splits(
-            workdir,
-            {
-                "train": rows[: n * 8 // 10],
-                "dev": rows[n * 8 // 10 : n * 9 // 10],
-                "test": rows[n * 9 // 10 :],
-            },
-        )
+        write_splits(workdir, train_dev_test(rows))
         JobSpec(job_id=1, task_kind=kind, labels=labels, preset=preset, hyperparameters=hp).save(
             workdir
         )

@@ -121,8 +121,34 @@ def exports(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def int8_exports(exports, tmp_path_factory):
+    """Those exports compressed to INT8 by the job runner (objective "int8"), on first use."""
+    import shutil
+
+    from runtime.spec import JobSpec
+
+    cache: dict[tuple[str, int], Path] = {}
+
+    def get(kind: str = "text_classification", seed: int = 0) -> Path:
+        if (kind, seed) not in cache:
+            trained = exports(kind, seed).parent
+            workdir = tmp_path_factory.mktemp(f"int8-{kind}-{seed}")
+            shutil.copytree(trained / "data", workdir / "data")
+            for part in ("export", "targets"):
+                shutil.copytree(trained / part, workdir / "parent" / part)
+            spec = JobSpec.load(trained)
+            spec.objective = "int8"
+            spec.save(workdir)
+            _run_runner(workdir, "paddle")
+            cache[(kind, seed)] = workdir / "export"
+        return cache[(kind, seed)]
+
+    return get
+
+
 @pytest.fixture
-def model_version(team, owner, exports, llm_exports, tmp_path):
+def model_version(team, owner, exports, int8_exports, llm_exports, tmp_path):
     """Register a trained export as a ModelVersion of ``team`` (its files in storage); the
     generative kinds' exports are the tiny LLaMA's."""
     import shutil
@@ -131,9 +157,11 @@ def model_version(team, owner, exports, llm_exports, tmp_path):
     from training import storage
     from training.models import ModelVersion
 
-    def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews"):
+    def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews", int8=False):
         generative = kind in ("instruction", "preference")
         export = llm_exports(kind) if generative else exports(kind, seed)
+        if int8:
+            export = int8_exports(kind, seed)
         staged = tmp_path / uuid.uuid4().hex
         shutil.copytree(export, staged / "export")
         prefix = f"models/{uuid.uuid4().hex}/"

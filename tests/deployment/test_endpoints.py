@@ -88,6 +88,27 @@ def test_deploy_canary_promote_roll_back(db, fresh_host, owner, team, model_vers
     ]
 
 
+def test_an_int8_version_serves_as_a_canary_beside_its_parent(
+    db, fresh_host, owner, team, model_version
+):
+    # Compressed by the runner (runtime.compress): an ONNX Runtime export of INT8 weights.
+    fp32, int8 = model_version(), model_version(int8=True)
+    assert int8.runtime == "onnxruntime" and int8.manifest["quantization"] == "int8-dynamic"
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=fp32)
+    _key, plain = endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
+    canary = revision_add(actor=owner, endpoint=endpoint, model_version=int8, weight=50)
+    converge(fresh_host, endpoint)
+    answers: dict[str, set] = {}
+    for _ in range(40):
+        r = fresh_host.predict("reviews", {"inputs": ["服务很好", "太差了"]}, plain)
+        assert r.status_code == 200, r.text
+        labels = tuple(p["label"] for p in r.json()["outputs"])
+        answers.setdefault(r.headers["X-Revision"], set()).add(labels)
+    # Both revisions answered, and the same: the INT8 model decides as its parent.
+    assert canary.key in answers and len(answers) == 2, answers
+    assert len(set.union(*answers.values())) == 1, answers
+
+
 def test_a_restarted_host_is_restored_and_revoked_keys_refused(
     db, fresh_host, owner, team, model_version
 ):
