@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 EVENT_PREFIX = "@@event "
+EXAMPLES = 20  # test rows kept with their predictions in the report (an edge bundle's check)
 
 
 def process_rank() -> int:
@@ -105,6 +106,12 @@ def run(workdir: Path) -> dict:
     if rows:
         evaluation.update(_baselines(spec.task_kind, list(space.labels), workdir, rows, report))
     evaluation["targets"] = _targets(export, workdir, rows, preds)
+    # What an edge bundle checks itself against: the first test inputs and the export's
+    # predictions for them.
+    evaluation["examples"] = [
+        {"input": _input(spec.task_kind, row), "output": pred}
+        for row, pred in zip(rows[:EXAMPLES], preds, strict=False)
+    ]
     (workdir / "evaluation.json").write_text(
         json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
     )
@@ -187,6 +194,14 @@ def _baselines(kind: str, labels: list[str], workdir: Path, rows: list[dict], re
         f" majority {fmt(comparison['majority'])}",
     )
     return {"baselines": baselines, "comparison": comparison}
+
+
+def _input(kind: str, row: dict) -> dict | str:
+    """A row as a caller of the model gives it: the text, or a pair's two texts."""
+    from runtime.data import row_inputs
+
+    text, second = row_inputs(kind, row)
+    return text if second is None else {"text_a": text, "text_b": second}
 
 
 def _targets(export: Path, workdir: Path, rows: list[dict], preds: list[dict]) -> dict:

@@ -16,6 +16,7 @@ from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS, is_fast, preset_config
 from training import base_models, compression, jobs, registry, selectors, sweeps
+from training.edge import edge_bundle
 from training.serializers import (
     BaseModelFromVersionSerializer,
     BaseModelImportSerializer,
@@ -36,14 +37,17 @@ from training.serializers import (
 )
 
 
-def model_archive_response(version, target: str | None = None) -> FileResponse:
-    """The version as one .tar.gz (spooled to disk: models are large), or only its export
-    target ``target`` (``?target=onnx``): 404 for a target it does not have."""
+def model_archive_response(version, target: str | None = None, edge=False) -> FileResponse:
+    """The version as one .tar.gz (spooled to disk: models are large), only its export
+    target ``target`` (``?target=onnx``), or that target's edge bundle (``&bundle=edge``):
+    404 for a target it does not have."""
     out = tempfile.TemporaryFile()
     if not target:
         registry.model_version_archive(version, out)
         name = f"{version.name}-v{version.number}.tar.gz"
-    elif registry.model_version_target_archive(version, target, out):
+    elif edge and edge_bundle(version, target, out):
+        name = f"{version.name}-v{version.number}-{target}-edge.tar.gz"
+    elif not edge and registry.model_version_target_archive(version, target, out):
         name = f"{version.name}-v{version.number}-{target}.tar.gz"
     else:
         out.close()
@@ -211,13 +215,21 @@ class ModelVersionDownload(TrainingAPIView):
                 "target",
                 str,
                 description="one export target (paddle_inference, onnx) instead of everything",
-            )
+            ),
+            OpenApiParameter(
+                "bundle",
+                str,
+                enum=["edge"],
+                description="with target: its edge bundle (the target, a standalone predictor, "
+                "examples and their expected outputs)",
+            ),
         ],
         responses={(200, "application/gzip"): bytes},
     )
     def get(self, request: Request, team: str, model_version_id: int) -> FileResponse:
         version = selectors.model_version_get(request.team, model_version_id)
-        return model_archive_response(version, request.query_params.get("target"))
+        edge = request.query_params.get("bundle") == "edge"
+        return model_archive_response(version, request.query_params.get("target"), edge)
 
 
 class SweepListCreate(PaginatedList, TrainingAPIView):

@@ -10,6 +10,7 @@ import tarfile
 import tempfile
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -157,19 +158,28 @@ def _target_prefix(version: ModelVersion, name: str) -> str | None:
     return None
 
 
+def model_version_target_files(version: ModelVersion, name: str):
+    """The files of target ``name`` of the version: (path within the target, a function that
+    opens it from storage, its size); none if it has no such target."""
+    prefix = _target_prefix(version, name)
+    if prefix is None:
+        return
+    for rel, meta_file in version.files.items():
+        if rel.startswith(prefix):
+            path = version.storage_prefix + rel
+            yield rel[len(prefix) :], partial(default_storage.open, path, "rb"), meta_file["size"]
+
+
 def model_version_target_archive(version: ModelVersion, name: str, out) -> bool:
     """Write target ``name`` of the version (its folder: the manifest with every file's
     sha256, the model, the vocabulary) as one .tar.gz to ``out``; False if it has none."""
-    prefix = _target_prefix(version, name)
-    if prefix is None:
+    if _target_prefix(version, name) is None:
         return False
     with tarfile.open(fileobj=out, mode="w:gz") as tf:
-        for rel, meta_file in version.files.items():
-            if not rel.startswith(prefix):
-                continue
-            info = tarfile.TarInfo(rel[len(prefix) :])
-            info.size = meta_file["size"]
-            with default_storage.open(version.storage_prefix + rel, "rb") as f:
+        for rel, opened, size in model_version_target_files(version, name):
+            info = tarfile.TarInfo(rel)
+            info.size = size
+            with opened() as f:
                 tf.addfile(info, f)
     return True
 

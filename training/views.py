@@ -276,7 +276,8 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
 @team_view()
 def model_download(request: HttpRequest, model_version_id: int) -> HttpResponse:
     version = selectors.model_version_get(request.team, model_version_id)
-    return api.model_archive_response(version, request.GET.get("target"))
+    edge = request.GET.get("bundle") == "edge"
+    return api.model_archive_response(version, request.GET.get("target"), edge)
 
 
 @team_view()

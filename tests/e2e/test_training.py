@@ -73,6 +73,7 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
     )
     expect(targets.locator('tr[data-target="onnx"]')).to_have_attribute("data-status", "ready")
     expect(targets.locator('tr[data-target="onnx"]')).to_contain_text("1.0000")
+    expect(page.get_by_test_id("edge-onnx")).to_be_visible()
 
     # Compressed to INT8 from the report: a job, then a new version beside its parent.
     form = page.get_by_test_id("compress-form")
