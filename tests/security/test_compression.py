@@ -1,6 +1,7 @@
-"""Compression, attacked: a member of another team cannot compress a team's model version
-(404, as for everything of another team), a viewer cannot queue one (403), and sizes an
-attacker picks are bounded."""
+"""Compression and export targets, attacked: a member of another team cannot compress a
+team's model version or download its targets and edge bundles (404, as for everything of
+another team), a viewer cannot queue a compression (403), and sizes an attacker picks are
+bounded."""
 
 import pytest
 from django.test import Client
@@ -35,3 +36,18 @@ def test_another_team_and_a_viewer_cannot_compress_a_model(make_user, make_team,
     response = _api(alice).post(theirs, too_many, content_type="application/json")
     assert response.status_code == 400 and "calibration_rows" in response.content.decode()
     assert not TrainingJob.objects.exists()
+
+
+def test_another_team_downloads_no_target_or_edge_bundle(make_user, make_team, tmp_path):
+    alice, mallory = make_user("alice"), make_user("mallory")
+    team_a = make_team("Alpha", {alice: Role.OWNER})
+    team_b = make_team("Bravo", {mallory: Role.OWNER})
+    model = stored_model(team_a, alice, tmp_path)
+    for team in (team_a, team_b):
+        url = f"/api/v1/teams/{team.slug}/models/{model.pk}/download/"
+        for query in ({"target": "onnx"}, {"target": "onnx", "bundle": "edge"}):
+            assert _api(mallory).get(url, query).status_code == 404
+    # Its owner gets both; a target it lacks is a 404 too.
+    url = f"/api/v1/teams/{team_a.slug}/models/{model.pk}/download/"
+    assert _api(alice).get(url, {"target": "onnx", "bundle": "edge"}).status_code == 200
+    assert _api(alice).get(url, {"target": "paddle_lite", "bundle": "edge"}).status_code == 404
