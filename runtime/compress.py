@@ -145,6 +145,38 @@ def _per_label(child: dict, parent: dict) -> dict[str, float]:
     }
 
 
+def compared(spec, workdir: Path, scored: tuple, export: Path, parent_onnx: Path | None) -> dict:
+    """A model made from the parent in ``parent/`` (compressed, distilled) beside it on the
+    same rows: ``scored`` is the model's (rows, predictions, metrics) from its ``export``.
+    The share of rows decided alike, the parent's metrics and the deltas (per label too),
+    and the size and speed of the model, the parent as served and (``parent_onnx``) its FP32
+    ONNX form."""
+    from runtime.run import evaluate_export
+
+    rows, preds, metrics = scored
+    parent = workdir / PARENT_DIR / "export"
+    parent_eval, _rows, parent_preds = evaluate_export(spec, workdir, parent)
+    agree = sum(decision(a) == decision(b) for a, b in zip(preds, parent_preds, strict=True))
+    before = parent_eval["metrics"]
+    models = {
+        "model": export,
+        "parent": parent,
+        **({"parent_onnx": parent_onnx} if parent_onnx else {}),
+    }
+    return {
+        "agreement": round(agree / len(rows), 6) if rows else None,
+        "parent_metrics": {k: v for k, v in before.items() if isinstance(v, int | float)},
+        "metric_delta": {
+            k: round(metrics[k] - v, 6)
+            for k, v in before.items()
+            if isinstance(v, int | float) and isinstance(metrics.get(k), int | float)
+        },
+        "per_label_f1_delta": _per_label(metrics, before),
+        "size": {name: _size(path) for name, path in models.items()},
+        "latency": {name: latency(path, rows) for name, path in models.items()},
+    }
+
+
 def run_compression(spec, workdir: Path, emit) -> dict:
     """The job: quantize, export, evaluate beside the parent, write evaluation.json."""
     from runtime.loop import load_split
@@ -174,38 +206,17 @@ def run_compression(spec, workdir: Path, emit) -> dict:
 
     emit("state", phase="evaluating")
     evaluation, rows, preds = evaluate_export(spec, workdir, export)
-    parent_eval, _rows, parent_preds = evaluate_export(spec, workdir, parent / "export")
-    agree = sum(decision(a) == decision(b) for a, b in zip(preds, parent_preds, strict=True))
-    figures = {
-        "int8": latency(export, rows),
-        "parent": latency(parent / "export", rows),
-        "parent_onnx": latency(source, rows),
-    }
-    metrics, before = evaluation["metrics"], parent_eval["metrics"]
     evaluation["compression"] = {
         "method": OBJECTIVE,
         "params": {
             "mode": mode,
             **({"calibration_rows": hp.calibration_rows} if calibration else {}),
         },
-        "agreement": round(agree / len(rows), 6) if rows else None,
-        "parent_metrics": {k: v for k, v in before.items() if isinstance(v, int | float)},
-        "metric_delta": {
-            k: round(metrics[k] - v, 6)
-            for k, v in before.items()
-            if isinstance(v, int | float) and isinstance(metrics.get(k), int | float)
-        },
-        "per_label_f1_delta": _per_label(metrics, before),
-        "size": {
-            "int8": _size(export),
-            "parent": _size(parent / "export"),
-            "parent_onnx": _size(source),
-        },
-        "latency": figures,
+        **compared(spec, workdir, (rows, preds, evaluation["metrics"]), export, source),
     }
     (workdir / "evaluation.json").write_text(
         json.dumps(evaluation, ensure_ascii=False, indent=1), encoding="utf-8"
     )
-    summary = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    summary = {k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)}
     emit("metrics", step=0, split=evaluation["split"], metrics=summary)
     return evaluation

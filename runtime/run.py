@@ -49,6 +49,11 @@ def run(workdir: Path) -> dict:
         from runtime.compress import run_compression
 
         return run_compression(spec, workdir, emit)
+    distilled = None
+    if spec.objective == "distill":  # the teacher labels the rows first (runtime.distill)
+        from runtime.distill import teacher_labels
+
+        distilled = teacher_labels(spec, workdir, emit)
     emit("state", phase="loading")
     backend = get_backend(spec.backend)
     state = backend.train(spec, workdir, emit) or {}
@@ -106,6 +111,12 @@ def run(workdir: Path) -> dict:
     if rows:
         evaluation.update(_baselines(spec.task_kind, list(space.labels), workdir, rows, report))
     evaluation["targets"] = _targets(export, workdir, rows, preds)
+    if distilled is not None:
+        from runtime.distill import distillation_report
+
+        evaluation["compression"] = distillation_report(
+            spec, workdir, (rows, preds, report), distilled
+        )
     # What an edge bundle checks itself against: the first test inputs and the export's
     # predictions for them.
     evaluation["examples"] = [

@@ -91,7 +91,8 @@ class JobSpec:
     labels: list[str]
     backend: str = "paddle"
     # "" trains the task kind's model; "mlm" pretrains an encoder on the texts (runtime.mlm);
-    # "int8" quantizes the model in ``parent/`` (runtime.compress).
+    # "int8" quantizes the model in ``parent/`` (runtime.compress); "distill" trains the
+    # preset on what that model decides (runtime.distill).
     objective: str = ""
     # A preset name (a small model built from a config) or the imported base model's files.
     preset: str | None = None

@@ -1,8 +1,13 @@
-"""Compression of a model version ("train once, deploy many"): a job of objective "int8",
-queued on a CPU train worker like any job (progress, cancel), that quantizes the version's
-ONNX form with ONNX Runtime (runtime.compress). Its result is a new version of the same name
-whose ``parent`` is the one compressed and whose ``compression`` holds the method, its
-parameters and the figures beside the parent (registry.model_version_register)."""
+"""Compression of a model version ("train once, deploy many"), queued on a CPU train worker
+like any job (progress, cancel):
+
+- ``int8`` quantizes the version's ONNX form with ONNX Runtime (runtime.compress);
+- ``distill`` trains a student preset (the small transformer by default) on what the version
+  decides for its training rows and the dataset's unlabeled rows (runtime.distill).
+
+Its result is a new version of the same name whose ``parent`` is the one compressed and whose
+``compression`` holds the method, its parameters and the figures beside the parent
+(registry.model_version_register)."""
 
 import uuid
 from dataclasses import asdict
@@ -16,16 +21,28 @@ from console.selectors import live_nodes_with
 from console.services import audit_record
 from runtime.compress import MODES
 from runtime.kinds import GENERATIVE_KINDS
+from runtime.presets import CPU_TRANSFORMER, presets_for, recommended
 from runtime.spec import Hyperparameters
 from training.jobs import no_node_reason, training_job_enqueue
 from training.models import ModelVersion, TrainingJob
 from training.registry import model_version_targets
 
+METHODS = (TrainingJob.Objective.INT8, TrainingJob.Objective.DISTILL)
 MAX_CALIBRATION_ROWS = 5000
+STUDENT_BACKEND = "paddle"  # the fast presets train on it (runtime.presets.FAST_BACKENDS)
+# The default student: the small transformer (2 MB, a few times faster than ERNIE tiny). The
+# fast presets are faster still but their n-gram tables make them larger on disk.
+DEFAULT_STUDENT = CPU_TRANSFORMER
 
 
-def compression_checks(version: ModelVersion, mode: str, calibration_rows: int) -> None:
+def compression_checks(
+    version: ModelVersion, method: str, mode: str, calibration_rows: int, student: str
+) -> None:
     """Why ``version`` cannot be compressed so, as a ValidationError; nothing if it can."""
+    if method not in METHODS:
+        raise ValidationError(
+            _("Unknown compression “%(m)s”: %(all)s.") % {"m": method, "all": ", ".join(METHODS)}
+        )
     if version.task_kind in GENERATIVE_KINDS:
         raise ValidationError(_("Large language models are not compressed here."))
     if version.dataset_version is None:
@@ -33,7 +50,15 @@ def compression_checks(version: ModelVersion, mode: str, calibration_rows: int) 
             _("%(v)s was imported: it has no dataset here to evaluate a compressed model on.")
             % {"v": version}
         )
-    if version.parent_id or version.manifest.get("quantization"):
+    if method == TrainingJob.Objective.DISTILL:
+        students = presets_for(version.task_kind, STUDENT_BACKEND)
+        if student not in students:
+            raise ValidationError(
+                _("No student preset named “%(p)s” for %(kind)s; presets: %(all)s.")
+                % {"p": student, "kind": version.task_kind, "all": ", ".join(students)}
+            )
+        return
+    if version.manifest.get("quantization"):
         raise ValidationError(_("%(v)s is compressed already.") % {"v": version})
     onnx = [t for t in model_version_targets(version) if t["name"] == "onnx"]
     if not onnx or onnx[0]["status"] != "ready":
@@ -59,25 +84,39 @@ def compression_submit(
     *,
     actor: AbstractBaseUser,
     version: ModelVersion,
+    method: str = TrainingJob.Objective.INT8,
     mode: str = "dynamic",
     calibration_rows: int = 200,
+    student: str = "",
 ) -> TrainingJob:
-    """Queue the INT8 compression of ``version`` (found in the actor's team by a selector) on
-    a CPU train worker."""
+    """Queue the compression of ``version`` (found in the actor's team by a selector) on a
+    CPU train worker: INT8 quantization, or distillation into ``student`` (by default the
+    small transformer, ``DEFAULT_STUDENT``)."""
     team = version.team
-    compression_checks(version, mode, calibration_rows)
-    given = {**version.hyperparameters, "quantization": mode, "calibration_rows": calibration_rows}
+    student = student or DEFAULT_STUDENT
+    compression_checks(version, method, mode, calibration_rows, student)
     known = Hyperparameters.__dataclass_fields__
-    hp = Hyperparameters.from_dict({k: v for k, v in given.items() if k in known})
+    if method == TrainingJob.Objective.INT8:
+        given = {**version.hyperparameters, "quantization": mode}
+        given["calibration_rows"] = calibration_rows
+        hp = Hyperparameters.from_dict({k: v for k, v in given.items() if k in known})
+        preset, name, backend = "", f"{version} INT8", version.backend
+        data = {"method": method, "mode": mode}
+    else:
+        hp = recommended(version.task_kind, preset=student)
+        hp.max_seq_length = int(version.hyperparameters.get("max_seq_length", hp.max_seq_length))
+        preset, name, backend = student, f"{version} → {student}", STUDENT_BACKEND
+        data = {"method": method, "student": student}
     with transaction.atomic():
         job = TrainingJob.objects.create(
             team=team,
-            name=f"{version} INT8"[:100],
+            name=name[:100],
             dataset_version=version.dataset_version,
             task_kind=version.task_kind,
             labels=list(version.labels),
-            backend=version.backend,
-            objective=TrainingJob.Objective.INT8,
+            preset=preset,
+            backend=backend,
+            objective=method,
             parent_version=version,
             hyperparameters=asdict(hp),
             device_type="cpu",
@@ -91,10 +130,14 @@ def compression_submit(
             actor=actor,
             team=team,
             target=job,
-            data={"version": str(version), "method": "int8", "mode": mode},
+            data={"version": str(version), **data},
         )
         transaction.on_commit(lambda: training_job_enqueue(job))
     return job
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def _number(value) -> float | None:
@@ -104,39 +147,42 @@ def _number(value) -> float | None:
 def compression_view(version: ModelVersion) -> dict | None:
     """A compressed version beside its parent, as its page shows it: None for one that is not.
     Every figure is read as a number or left out (the runner wrote them)."""
-    figures = version.compression or {}
+    figures = _dict(version.compression)
     if not version.parent_id and not figures:
         return None
-    before = figures.get("parent_metrics") or {}
-    delta = figures.get("metric_delta") or {}
+    before = _dict(figures.get("parent_metrics"))
+    delta = _dict(figures.get("metric_delta"))
     metrics = []
     for name, value in before.items():
         was, change = _number(value), _number(delta.get(name))
         if name != "support" and was is not None and change is not None:
             metrics.append((name, was, was + change, change))
-    size = figures.get("size") or {}
-    sizes = {k: _number(size.get(k)) for k in ("parent", "parent_onnx", "int8")}
-    latency = figures.get("latency") or {}
+    size = _dict(figures.get("size"))
+    latency = _dict(figures.get("latency"))
+    distilled = figures.get("method") == TrainingJob.Objective.DISTILL
+    names = {
+        "parent": _("the parent, as it is served"),
+        "parent_onnx": _("the parent in ONNX Runtime (FP32)"),
+        "model": _("this version (the student)") if distilled else _("this version (INT8)"),
+    }
     runs = []
-    for key, label in (
-        ("parent", _("the parent, as it is served")),
-        ("parent_onnx", _("the parent in ONNX Runtime (FP32)")),
-        ("int8", _("this version (INT8)")),
-    ):
-        entry = latency.get(key) or {}
+    for key, label in names.items():
+        if key not in latency and key not in size:
+            continue
+        entry = _dict(latency.get(key))
         runs.append(
             {
                 "name": label,
-                "size": sizes[key],
+                "size": _number(size.get(key)),
                 "b1_ms": _number(entry.get("b1_ms")),
                 "b32_rows_per_s": _number(entry.get("b32_rows_per_s")),
             }
         )
-    per_label = figures.get("per_label_f1_delta") or {}
+    per_label = _dict(figures.get("per_label_f1_delta"))
     return {
         "parent": version.parent,
         "method": str(figures.get("method", "")),
-        "params": {str(k): str(v) for k, v in (figures.get("params") or {}).items()},
+        "params": {str(k): str(v) for k, v in _dict(figures.get("params")).items()},
         "agreement": _number(figures.get("agreement")),
         "metrics": metrics,
         "per_label": [(str(k), _number(v)) for k, v in per_label.items() if _number(v) is not None],

@@ -483,7 +483,7 @@ def no_node_reason(device_type: str) -> str:
 
 
 def _spec_fields(job: TrainingJob) -> dict:
-    if job.objective == TrainingJob.Objective.INT8:  # training.compression's own
+    if job.objective in TrainingJob.COMPRESSIONS:  # training.compression's own
         raise ValidationError(
             _("A compression job is started again from its model version's page.")
         )

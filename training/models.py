@@ -79,10 +79,13 @@ class TrainingJob(Created):
         # modelling on the version's texts (a base model named as the job: runtime.mlm).
         TASK = "", _("fine-tune for the task")
         MLM = "mlm", _("pretrain on the texts (masked language modelling)")
-        # A trained model version (``parent_version``) compressed: runtime.compress.
+        # A trained model version (``parent_version``) compressed: quantized
+        # (runtime.compress), or distilled into a preset (runtime.distill).
         INT8 = "int8", _("compress to INT8 (post-training quantization)")
+        DISTILL = "distill", _("distill into a smaller model")
 
     ACTIVE = (Status.QUEUED, Status.RUNNING)
+    COMPRESSIONS = (Objective.INT8, Objective.DISTILL)  # a model version made from another
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="training_jobs")
     name = models.CharField(_("name"), max_length=100)
@@ -100,7 +103,7 @@ class TrainingJob(Created):
         _("objective"), max_length=8, choices=Objective.choices, default="", blank=True
     )
     hyperparameters = models.JSONField(default=dict)
-    # What a compression job compresses (objective "int8").
+    # What a compression job compresses (objective "int8" or "distill").
     parent_version = models.ForeignKey(
         "ModelVersion",
         null=True,

@@ -69,7 +69,10 @@ def model_version_register(job: TrainingJob, workdir: Path) -> ModelVersion:
             labels=list(job.labels),
             backend=job.backend,
             runtime=manifest["runtime"],
-            base=job.parent_version.base if job.parent_version else job.model_source,
+            # A quantized model is its parent's; a distilled one is its student preset.
+            base=job.parent_version.base
+            if job.parent_version and job.objective == TrainingJob.Objective.INT8
+            else job.model_source,
             hyperparameters=job.hyperparameters,
             metrics={k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)},
             evaluation=evaluation,
@@ -88,7 +91,7 @@ def _lineage(job: TrainingJob, evaluation: dict) -> dict:
     """A compression job's version: its parent and how it was made (runtime.compress's
     figures, which the model page shows beside the parent's)."""
     parent = job.parent_version
-    if job.objective != TrainingJob.Objective.INT8 or parent is None:
+    if job.objective not in TrainingJob.COMPRESSIONS or parent is None:
         return {}
     compression = evaluation.get("compression")
     return {

@@ -231,9 +231,12 @@ class ModelVersionDetailSerializer(ModelVersionSerializer):
 
 
 class CompressSerializer(serializers.Serializer):
-    """INT8 quantization of a version (training.compression): dynamic, or static calibrated on
-    ``calibration_rows`` rows of the dev split."""
+    """Compression of a version (training.compression): ``int8`` quantization (dynamic, or
+    static calibrated on ``calibration_rows`` rows of the dev split), or ``distill`` into a
+    ``student`` preset (default: ernie-micro-char)."""
 
+    method = serializers.ChoiceField(choices=["int8", "distill"], default="int8")
+    student = serializers.ChoiceField(choices=[*FAST_PRESETS, *PRESETS], required=False)
     mode = serializers.ChoiceField(choices=list(QUANTIZATION_MODES), default="dynamic")
     calibration_rows = serializers.IntegerField(
         min_value=1, max_value=MAX_CALIBRATION_ROWS, default=200

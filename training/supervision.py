@@ -83,7 +83,7 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
                 out.close()
         (data / ".complete").touch()
     parent_dir = workdir / PARENT_DIR
-    if job.objective == TrainingJob.Objective.INT8 and (
+    if job.objective in TrainingJob.COMPRESSIONS and (
         not (parent_dir / ".complete").is_file() or not sandbox.plain(parent_dir)
     ):
         # The version a compression job compresses: its export and export targets.

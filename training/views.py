@@ -19,10 +19,15 @@ from console.roles import Perm, Role, role_allows
 from runtime.compress import MODES as QUANTIZATION_MODES
 from runtime.estimate import estimates
 from runtime.kinds import GENERATIVE_KINDS
-from runtime.presets import LLM_PRESETS, PRESETS
+from runtime.presets import LLM_PRESETS, PRESETS, presets_for
 from training import api, selectors
 from training.base_models import base_model_from_version, base_model_import
-from training.compression import compression_submit, compression_view
+from training.compression import (
+    DEFAULT_STUDENT,
+    STUDENT_BACKEND,
+    compression_submit,
+    compression_view,
+)
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import TrainingJob
@@ -242,6 +247,8 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             job = compression_submit(
                 actor=request.user,
                 version=version,
+                method=request.POST.get("method", "int8"),
+                student=request.POST.get("student", ""),
                 mode=request.POST.get("mode", "dynamic"),
                 calibration_rows=_int_field(request.POST.get("calibration_rows"), 200),
             )
@@ -269,6 +276,8 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "targets": model_version_targets(version),
             "compression": compression_view(version),
             "quantization_modes": QUANTIZATION_MODES,
+            "students": presets_for(version.task_kind, STUDENT_BACKEND),
+            "default_student": DEFAULT_STUDENT,
         },
     )
 

@@ -1,8 +1,9 @@
-"""INT8 compression (runtime.compress) end to end, in-process: a real model trained by the
-runner, then quantized by a job of objective "int8" from its files in ``parent/``: the result
-is an ONNX Runtime export that decides as its parent did, smaller, with its report beside the
-parent's."""
+"""Compression end to end, in-process: a real model trained by the runner, then quantized by a
+job of objective "int8" from its files in ``parent/`` (runtime.compress: an ONNX Runtime export
+that decides as its parent did, smaller), or distilled into a fast preset by a job of
+objective "distill" (runtime.distill); each report beside the parent's."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,8 +12,10 @@ import pytest
 pytest.importorskip("paddle")
 
 import runtime.run as runner
+from runtime import data
 from runtime.compress import PARENT_DIR, onnx_form
 from runtime.inference import Predictor, read_manifest
+from runtime.presets import recommended
 from runtime.spec import JobSpec
 from runtime.targets import TARGETS_DIR
 from tests.helpers.workdir import make_workdir
@@ -60,8 +63,8 @@ def test_a_model_quantized_to_int8_decides_as_its_parent(
     assert compression["agreement"] >= 0.9, compression
     assert abs(compression["metric_delta"]["micro_f1"]) <= 0.1, compression
     # INT8 weights: well under half the size of the FP32 ONNX form.
-    assert compression["size"]["int8"] < 0.5 * compression["size"]["parent_onnx"], compression
-    for model in ("int8", "parent", "parent_onnx"):
+    assert compression["size"]["model"] < 0.5 * compression["size"]["parent_onnx"], compression
+    for model in ("model", "parent", "parent_onnx"):
         figures = compression["latency"][model]
         assert figures["b1_ms"] > 0 and figures["b32_rows_per_s"] > 0
     assert onnx_form(workdir / PARENT_DIR).name in ("export", "onnx")
@@ -69,3 +72,37 @@ def test_a_model_quantized_to_int8_decides_as_its_parent(
     rows = [m["row"] for m in evaluation["mistakes"]][:5]
     served = Predictor.load(workdir / "export").predict(rows)
     assert [p for p in served] == [m["predicted"] for m in evaluation["mistakes"]][:5]
+
+
+def test_a_student_learns_what_its_teacher_decides_on_the_unlabeled_rows_too(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(runner, "emit", lambda *a, **k: None)
+    kind = "text_classification"
+    trained = _trained(tmp_path, kind, "paddle", "ernie-micro-char")
+
+    workdir = tmp_path / "distill"
+    shutil.copytree(trained / "data", workdir / "data")
+    # Unlabeled rows of the dataset (in its dev split): the teacher labels them for the student.
+    unlabeled = [{"text": r["text"]} for r in data.read_rows(trained / "data" / "train.jsonl")]
+    with open(workdir / "data" / "dev.jsonl", "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in unlabeled[:30])
+    shutil.copytree(trained / "export", workdir / PARENT_DIR / "export")
+    spec = JobSpec.load(trained)
+    spec.objective, spec.preset = "distill", "ngram-bag-char"
+    spec.hyperparameters = recommended(kind, preset="ngram-bag-char")
+    spec.hp.max_seq_length = 32
+    spec.save(workdir)
+    evaluation = runner.run(workdir)
+
+    figures = evaluation["compression"]
+    assert figures["method"] == "distill" and figures["params"]["student"] == "ngram-bag-char"
+    assert figures["params"]["unlabeled_rows"] == 30
+    assert figures["params"]["rows"] == 160 + 30
+    assert figures["agreement"] >= 0.9, figures
+    assert evaluation["metrics"]["accuracy"] >= 0.9, evaluation["metrics"]
+    assert set(figures["latency"]) == {"model", "parent"}
+    # The gold training rows are kept aside; the split the student learned from is labelled.
+    gold = data.read_rows(workdir / "data" / "train.gold.jsonl")
+    learned = data.read_rows(workdir / "data" / "train.jsonl")
+    assert len(gold) == 160 and len(learned) == 190 and all(r.get("label") for r in learned)

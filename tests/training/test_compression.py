@@ -1,6 +1,7 @@
 """Compression through the real train worker: a Paddle model trained from the API, then
-compressed to INT8 from the API; the result is a new version whose parent is the trained one,
-evaluated on the same test rows, smaller, and shown beside its parent on its page."""
+compressed to INT8 and distilled into a student from the API; each result is a new version
+whose parent is the trained one, evaluated on the same test rows and shown beside its parent
+on its page."""
 
 import pytest
 from django.urls import reverse
@@ -14,7 +15,9 @@ from training.models import ModelVersion, TrainingJob
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("train_worker")]
 
 
-def test_a_trained_model_compresses_to_a_smaller_int8_version(client, team, owner, make_dataset):
+def test_a_trained_model_compresses_to_int8_and_distills_into_a_student(
+    client, team, owner, make_dataset
+):
     version = make_dataset("text_classification", n=120)
     job = training_job_submit(
         actor=owner,
@@ -48,7 +51,7 @@ def test_a_trained_model_compresses_to_a_smaller_int8_version(client, team, owne
     assert figures["method"] == "int8" and figures["params"] == {"mode": "dynamic"}
     assert figures["agreement"] >= 0.9, figures
     assert abs(figures["metric_delta"]["accuracy"]) <= 0.05, figures
-    assert figures["size"]["int8"] < 0.5 * figures["size"]["parent_onnx"], figures
+    assert figures["size"]["model"] < 0.5 * figures["size"]["parent_onnx"], figures
     assert child.evaluation["rows"] == parent.evaluation["rows"]
 
     # Its page: beside its parent, with the sizes and timings of each.
@@ -58,8 +61,29 @@ def test_a_trained_model_compresses_to_a_smaller_int8_version(client, team, owne
     ).content.decode()
     assert 'data-testid="compression"' in page and 'data-testid="parent"' in page
     assert "this version (INT8)" in page and 'data-metric="accuracy"' in page
-    # A compressed version is not compressed again, and its job is redone from the page.
+    # A quantized version is not quantized again, and its job is redone from the page.
     with pytest.raises(Exception, match="compressed already"):
         compression_submit(actor=owner, version=child)
     with pytest.raises(Exception, match="started again from its model version"):
         training_job_clone(actor=owner, job=compress, changes={})
+
+    # Distilled: a student preset learns what the parent decides, and is scored beside it.
+    response = client.post(
+        api,
+        {"method": "distill", "student": "ngram-bag-char"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert response.status_code == 201, response.content
+    distill = wait_for(TrainingJob.objects.get(pk=response.json()["id"]))
+    assert distill.status == "succeeded", distill.error
+    student = ModelVersion.objects.get(job=distill)
+    assert student.parent == parent and student.base == "ngram-bag-char"
+    figures = student.compression
+    assert figures["method"] == "distill" and figures["params"]["student"] == "ngram-bag-char"
+    assert figures["params"]["rows"] >= parent.evaluation["rows"]
+    assert figures["agreement"] >= 0.8 and set(figures["latency"]) == {"model", "parent"}
+    page = client.get(
+        reverse("training:model", kwargs={"team": team.slug, "model_version_id": student.pk})
+    ).content.decode()
+    assert "this version (the student)" in page
