@@ -100,6 +100,12 @@ def row_inputs(task_kind: str, item: dict | str) -> tuple[str, str | None]:
     return (item if isinstance(item, str) else item["text"]), None
 
 
+def model_input(task_kind: str, row: dict) -> dict | str:
+    """A row as a caller of the model gives it: the text, or a pair's two texts."""
+    text, second = row_inputs(task_kind, row)
+    return text if second is None else {"text_a": text, "text_b": second}
+
+
 def encode(tokenizer: CharTokenizer, task_kind: str, item, max_length: int) -> Encoded:
     text, text_b = row_inputs(task_kind, item)
     return tokenizer.encode(text, text_b, max_length)

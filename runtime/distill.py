@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from runtime.compress import PARENT_DIR, compared
-from runtime.data import is_labeled, read_rows, row_inputs
+from runtime.data import is_labeled, model_input, read_rows
 from runtime.inference import Predictor
 
 OBJECTIVE = "distill"
@@ -56,11 +56,7 @@ def teacher_labels(spec, workdir: Path, emit) -> dict:
     rows = train + unlabeled
     emit("state", phase="teacher")
     teacher = Predictor.load(workdir / PARENT_DIR / "export")
-    inputs = []
-    for row in rows:
-        text, second = row_inputs(kind, row)
-        inputs.append(text if second is None else {"text_a": text, "text_b": second})
-    preds = teacher.predict(inputs)
+    preds = teacher.predict([model_input(kind, row) for row in rows])
     labeled = [_labeled_by(kind, row, pred) for row, pred in zip(rows, preds, strict=True)]
     tmp = data / "train.jsonl.new"
     tmp.write_text(

@@ -35,7 +35,7 @@ def emit(kind: str, **data) -> None:
 
 def run(workdir: Path) -> dict:
     from runtime.backends import get_backend
-    from runtime.data import OBJECTIVES, LabelSpace
+    from runtime.data import OBJECTIVES, LabelSpace, model_input
     from runtime.inference import write_manifest
     from runtime.kinds import GENERATIVE_KINDS
     from runtime.spec import JobSpec
@@ -120,7 +120,7 @@ def run(workdir: Path) -> dict:
     # What an edge bundle checks itself against: the first test inputs and the export's
     # predictions for them.
     evaluation["examples"] = [
-        {"input": _input(spec.task_kind, row), "output": pred}
+        {"input": model_input(spec.task_kind, row), "output": pred}
         for row, pred in zip(rows[:EXAMPLES], preds, strict=False)
     ]
     (workdir / "evaluation.json").write_text(
@@ -205,14 +205,6 @@ def _baselines(kind: str, labels: list[str], workdir: Path, rows: list[dict], re
         f" majority {fmt(comparison['majority'])}",
     )
     return {"baselines": baselines, "comparison": comparison}
-
-
-def _input(kind: str, row: dict) -> dict | str:
-    """A row as a caller of the model gives it: the text, or a pair's two texts."""
-    from runtime.data import row_inputs
-
-    text, second = row_inputs(kind, row)
-    return text if second is None else {"text_a": text, "text_b": second}
 
 
 def _targets(export: Path, workdir: Path, rows: list[dict], preds: list[dict]) -> dict:
