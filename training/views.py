@@ -250,7 +250,9 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
                 method=request.POST.get("method", "int8"),
                 student=request.POST.get("student", ""),
                 mode=request.POST.get("mode", "dynamic"),
-                calibration_rows=_int_field(request.POST.get("calibration_rows"), 200),
+                calibration_rows=_int_field(
+                    request.POST.get("calibration_rows"), 200, _("Calibration rows")
+                ),
             )
         except ValidationError as exc:
             messages.error(request, error_text(exc))
@@ -306,13 +308,18 @@ def models_compare(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _int_field(value: str | None, default: int) -> int:
-    """A whole number a form posted; ``default`` when it is none (the service checks the
-    range)."""
-    try:
-        return int(value) if value else default
-    except ValueError:
+def _int_field(value: str | None, default: int, field: str) -> int:
+    """A whole number a form posted (``default`` when it is empty); the service checks the
+    range."""
+    if not value:
         return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValidationError(
+            _("%(field)s must be a whole number, not “%(value)s”.")
+            % {"field": field, "value": value[:50]}
+        ) from None
 
 
 def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:

@@ -266,3 +266,29 @@ def test_a_model_below_its_baseline_is_flagged_on_every_page(api, client, team, 
         "majority": 0,
         "support": 5,
     }
+
+
+def test_the_compress_form_says_what_was_wrong_and_queues_nothing(
+    client, team, owner, tmp_path, make_dataset
+):
+    model = stored_model(team, owner, tmp_path, dataset_version=make_dataset())
+    client.force_login(owner)
+    url = reverse("training:model", kwargs={"team": team.slug, "model_version_id": model.pk})
+    wrong = {
+        "calibration_rows must be a number": (
+            {"method": "int8", "mode": "static", "calibration_rows": "abc"},
+            "Calibration rows must be a whole number, not “abc”.",
+        ),
+        "an unknown student": (
+            {"method": "distill", "student": "nope"},
+            "No student preset named “nope”",
+        ),
+        "too many calibration rows": (
+            {"method": "int8", "mode": "static", "calibration_rows": "999999"},
+            "Calibration rows must be between 1 and 5000.",
+        ),
+    }
+    for post, said in wrong.values():
+        body = client.post(url, {"action": "compress", **post}, follow=True).content.decode()
+        assert said in body, body[:2000]
+    assert not TrainingJob.objects.exists()
