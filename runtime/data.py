@@ -164,6 +164,9 @@ def target(space: LabelSpace, row: dict, enc: Encoded, offset: int = 0):
     """The training target of ``row`` as ``enc`` holds it: ``enc`` starts at character
     ``offset`` of the text (a window of a long text, ``text_windows``)."""
     index = {label: i for i, label in enumerate(space.labels)}
+    soft = soft_target(space, row)
+    if soft is not None:
+        return soft
     if space.head == SINGLE:
         return index[row["label"]]
     if space.head == MULTI:
@@ -184,10 +187,35 @@ def target(space: LabelSpace, row: dict, enc: Encoded, offset: int = 0):
     return tags
 
 
+# A row's soft target (distillation, runtime.distill): a teacher's score per label.
+SOFT = "soft_scores"
+
+
+def soft_target(space: LabelSpace, row: dict) -> np.ndarray | None:
+    """The row's soft target where it has one (``SOFT``) and the head can learn it: for one
+    label, a distribution over the labels; for several, each label's probability. None for a
+    tagger (a CRF learns no soft tags) or a row without one; a score that is not a probability
+    of one of the labels is refused (ValueError), never learnt."""
+    scores = row.get(SOFT)
+    if scores is None or space.head == TOKEN:
+        return None
+    if not isinstance(scores, dict) or set(scores) != set(space.labels):
+        raise ValueError(f"{SOFT} must give a score for each of the labels {list(space.labels)}")
+    vec = np.array([scores[label] for label in space.labels], dtype="float64")
+    if not np.all(np.isfinite(vec)) or vec.min() < 0 or vec.max() > 1:
+        raise ValueError(f"{SOFT} must be probabilities between 0 and 1")
+    if space.head == SINGLE:
+        if vec.sum() <= 0:
+            raise ValueError(f"{SOFT} must not all be 0")
+        vec = vec / vec.sum()
+    return vec.astype("float32")
+
+
 @dataclass
 class Example:
     enc: Encoded
-    # By the head: a label index (single), a 0/1 vector (multi), tag ids per token (token).
+    # By the head: a label index (single), a 0/1 vector (multi), tag ids per token (token); a
+    # vector of probabilities where the row was labelled by a teacher (``soft_target``).
     target: Any
 
 
@@ -218,7 +246,10 @@ def collate(batch: list[Example], pad_id: int, head: str | None = None) -> dict[
         mask[i, :k] = 1
     out: dict[str, np.ndarray] = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
     if head is not None and batch[0].target is not None:
-        if head == SINGLE:
+        if head == SINGLE and any(isinstance(e.target, np.ndarray) for e in batch):
+            n_labels = len(next(e.target for e in batch if isinstance(e.target, np.ndarray)))
+            out["labels"] = np.stack([_distribution(e.target, n_labels) for e in batch])
+        elif head == SINGLE:
             out["labels"] = np.array([e.target for e in batch], dtype="int64")
         elif head == MULTI:
             out["labels"] = np.stack([e.target for e in batch]).astype("float32")
@@ -228,6 +259,15 @@ def collate(batch: list[Example], pad_id: int, head: str | None = None) -> dict[
                 tags[i, : len(e.target)] = e.target
             out["labels"] = tags
     return out
+
+
+def _distribution(target, width: int) -> np.ndarray:
+    """A single-label target as a distribution: a soft one as it is, a label index one-hot."""
+    if isinstance(target, np.ndarray):
+        return target.astype("float32")
+    one_hot = np.zeros(width, dtype="float32")
+    one_hot[target] = 1.0
+    return one_hot
 
 
 def batches(

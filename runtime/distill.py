@@ -7,8 +7,11 @@ exports and is evaluated on the gold test split like any model, and its report's
 ``compression`` holds the method, the student, the rows it learned from, and the figures
 beside the teacher (runtime.compress's: deltas, sizes, latency).
 
-The teacher's decisions are hard labels (its label, labels or entity spans): a CRF tagger
-cannot learn from soft ones, and the unlabeled rows are where most of the gain is.
+Each row carries the teacher's decision (its label, labels or entity spans) and, for the
+classification kinds, its scores (``runtime.data.SOFT``): the student learns the teacher's
+distribution over the labels (cross-entropy against it), which says more than the decision
+alone (how sure the teacher was, which label came second). A tagger learns the decisions: a
+CRF has no soft tags to learn. The baselines of the student's report train on the decisions.
 """
 
 import json
@@ -16,7 +19,7 @@ import os
 from pathlib import Path
 
 from runtime.compress import PARENT_DIR, compared
-from runtime.data import is_labeled, model_input, read_rows
+from runtime.data import SOFT, is_labeled, model_input, read_rows
 from runtime.inference import Predictor
 
 OBJECTIVE = "distill"
@@ -25,15 +28,17 @@ GOLD = "train.gold.jsonl"
 
 def _labeled_by(kind: str, row: dict, pred: dict) -> dict:
     """``row`` with the teacher's decision as its annotation."""
-    row = {k: v for k, v in row.items() if k not in ("label", "labels", "entities")}
+    row = {k: v for k, v in row.items() if k not in ("label", "labels", "entities", SOFT)}
     if kind == "ner":
         row["entities"] = [
             {"start": e["start"], "end": e["end"], "label": e["label"]} for e in pred["entities"]
         ]
     elif kind == "multi_label":
         row["labels"] = list(pred["labels"])
+        row[SOFT] = dict(pred["scores"])
     else:
         row["label"] = pred["label"]
+        row[SOFT] = dict(pred["scores"])
     return row
 
 

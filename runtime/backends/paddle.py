@@ -197,8 +197,8 @@ class PaddleOps(PaddleCheckpointed):
         target = paddle.to_tensor(labels)
 
         def head_loss(out):
-            if self.head == SINGLE:
-                return F.cross_entropy(out, target)
+            if self.head == SINGLE:  # a float target is a teacher's distribution
+                return F.cross_entropy(out, target, soft_label=target.dtype == paddle.float32)
             if self.head == MULTI:
                 return F.binary_cross_entropy_with_logits(out, target)
             return F.cross_entropy(

@@ -192,6 +192,8 @@ class NgramBag(nn.Layer):
         weight = np.zeros((self.wide_buckets, self.num_labels), dtype="float64")
         bias = np.zeros(self.num_labels, dtype="float64")
         y = np.asarray(targets)
+        if y.dtype.kind == "f":  # a teacher's scores (distillation): the decisions they make
+            y = (y >= 0.5).astype("int64") if head == "multi" else y.argmax(axis=1)
         columns = [y[:, j] for j in range(self.num_labels)] if head == "multi" else [y]
         for j, column in enumerate(columns):
             classes = np.unique(column)

@@ -106,3 +106,27 @@ def test_a_student_learns_what_its_teacher_decides_on_the_unlabeled_rows_too(
     gold = data.read_rows(workdir / "data" / "train.gold.jsonl")
     learned = data.read_rows(workdir / "data" / "train.jsonl")
     assert len(gold) == 160 and len(learned) == 190 and all(r.get("label") for r in learned)
+    # ... with the teacher's scores, which the student learnt as a distribution.
+    assert all(set(r[data.SOFT]) == set(spec.labels) for r in learned)
+    assert all(r["label"] == max(r[data.SOFT], key=r[data.SOFT].get) for r in learned)
+
+
+def test_a_teachers_scores_are_a_target_only_where_they_are_probabilities_of_the_labels():
+    space = data.LabelSpace("text_classification", ("正面", "负面"))
+    row = {"text": "好", "label": "正面", data.SOFT: {"正面": 0.6, "负面": 0.2}}
+    assert data.soft_target(space, row).tolist() == pytest.approx([0.75, 0.25])
+    for scores in ({"正面": 0.6}, {"正面": 1.5, "负面": 0.0}, {"正面": float("nan"), "负面": 1}):
+        with pytest.raises(ValueError, match=data.SOFT):
+            data.soft_target(space, {**row, data.SOFT: scores})
+    multi = data.LabelSpace("multi_label", ("甲", "乙"))
+    assert data.soft_target(multi, {data.SOFT: {"甲": 0.9, "乙": 0.8}}).tolist() == pytest.approx(
+        [0.9, 0.8]
+    )
+    tagger = data.LabelSpace("ner", ("人名",))
+    assert data.soft_target(tagger, {data.SOFT: {"x": 2}}) is None
+    # A batch of soft and hard targets: the hard ones one-hot, every row a distribution.
+    tok_row = data.Example(data.Encoded([1, 5, 2], [0, 0, 0], (1, 0), False), 1)
+    soft_row = data.Example(tok_row.enc, data.soft_target(space, row))
+    labels = data.collate([tok_row, soft_row], 0, data.SINGLE)["labels"]
+    assert labels.dtype == "float32"
+    assert labels.ravel().tolist() == pytest.approx([0, 1, 0.75, 0.25])
