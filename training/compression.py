@@ -188,3 +188,40 @@ def compression_view(version: ModelVersion) -> dict | None:
         "per_label": [(str(k), _number(v)) for k, v in per_label.items() if _number(v) is not None],
         "runs": runs,
     }
+
+
+def deployment_figures(versions: list[ModelVersion]) -> list[dict]:
+    """What each version costs to serve, as the compare page shows it beside its metrics: how
+    it was made (method, parent), its size, latency at batch 1 and throughput at batch 32, and
+    the share of rows it decides as its parent does. A compressed version's figures are its
+    own compression's; a parent's are those its latest compressed child measured of it (on
+    the same node, in the same run). None where nothing measured it."""
+    figures = []
+    for version in versions:
+        own = _dict(version.compression)
+        if own:
+            key, source = "model", own
+        else:
+            children = [c for c in version.children.order_by("pk") if _dict(c.compression)]
+            key, source = "parent", _dict(children[-1].compression) if children else {}
+        latency = _dict(_dict(source.get("latency")).get(key))
+        figures.append(
+            {
+                "method": str(own.get("method", "")),
+                "parent": version.parent if version.parent_id else None,
+                "size": _number(_dict(source.get("size")).get(key)),
+                "b1_ms": _number(latency.get("b1_ms")),
+                "b32_rows_per_s": _number(latency.get("b32_rows_per_s")),
+                "agreement": _number(own.get("agreement")),
+            }
+        )
+    return figures
+
+
+def family_ids(version: ModelVersion) -> list[int]:
+    """The version, what it was compressed from and every other version compressed from that
+    one, oldest first: the versions its page offers to compare."""
+    root = version.parent if version.parent_id and version.parent else version
+    children = root.children.filter(team=root.team).order_by("pk")
+    ids = [root.pk, *children.values_list("pk", flat=True)]
+    return ids if len(ids) > 1 else []

@@ -27,10 +27,12 @@ from training.compression import (
     STUDENT_BACKEND,
     compression_submit,
     compression_view,
+    deployment_figures,
+    family_ids,
 )
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
-from training.models import TrainingJob
+from training.models import ModelVersion, TrainingJob
 from training.registry import model_version_delete, model_version_import, model_version_targets
 from training.sweeps import param_importances, sweep_create, sweep_trials
 from training.sweeps import sweep_cancel as sweep_cancel_service
@@ -277,6 +279,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "generative": version.task_kind in GENERATIVE_KINDS,
             "targets": model_version_targets(version),
             "compression": compression_view(version),
+            "family": family_ids(version),
             "quantization_modes": QUANTIZATION_MODES,
             "students": presets_for(version.task_kind, STUDENT_BACKEND),
             "default_student": DEFAULT_STUDENT,
@@ -297,15 +300,30 @@ def models_compare(request: HttpRequest) -> HttpResponse:
     versions = selectors.model_versions_get(request.team, ids) if ids else []
     keys = sorted({k for v in versions for k in v.metrics if k != "support"})
     hp_keys = sorted({k for v in versions for k in v.hyperparameters})
+
+    def f1s(v: ModelVersion) -> dict:
+        per_label = ((v.evaluation or {}).get("metrics") or {}).get("per_label")
+        return per_label if isinstance(per_label, dict) else {}
+
+    labels = list(dict.fromkeys(label for v in versions for label in f1s(v)))
     return render(
         request,
         "training/compare.html",
         {
             "versions": versions,
+            "deployment": list(zip(versions, deployment_figures(versions), strict=True)),
             "metric_rows": [(k, [v.metrics.get(k) for v in versions]) for k in keys],
+            "label_rows": [
+                (label, [_f1(f1s(v).get(label)) for v in versions]) for label in labels
+            ],
             "hp_rows": [(k, [v.hyperparameters.get(k) for v in versions]) for k in hp_keys],
         },
     )
+
+
+def _f1(entry) -> float | None:
+    f1 = entry.get("f1") if isinstance(entry, dict) else None
+    return f1 if isinstance(f1, int | float) else None
 
 
 def _int_field(value: str | None, default: int, field: str) -> int:

@@ -87,3 +87,22 @@ def test_a_trained_model_compresses_to_int8_and_distills_into_a_student(
         reverse("training:model", kwargs={"team": team.slug, "model_version_id": student.pk})
     ).content.decode()
     assert "this version (the student)" in page
+
+    # All three on one page: the parent's page links to it; metrics, per-label F1, how each
+    # was made, and each one's size and timings (the parent's as its children measured it).
+    page = client.get(
+        reverse("training:model", kwargs={"team": team.slug, "model_version_id": parent.pk})
+    ).content.decode()
+    assert 'data-testid="compare-family"' in page
+    assert f"ids={parent.pk}&amp;ids={child.pk}&amp;ids={student.pk}" in page
+    compare = reverse("training:models_compare", kwargs={"team": team.slug})
+    response = client.get(compare, {"ids": [parent.pk, child.pk, student.pk]})
+    page = response.content.decode()
+    assert response.status_code == 200
+    made = response.context["deployment"]
+    assert [d["method"] for _v, d in made] == ["", "int8", "distill"]
+    assert all(d["b1_ms"] and d["b32_rows_per_s"] and d["size"] for _v, d in made), made
+    assert made[0][1]["b1_ms"] == student.compression["latency"]["parent"]["b1_ms"]  # latest
+    assert made[1][1]["agreement"] == child.compression["agreement"]
+    assert page.count('data-testid="compare-b32"') == 3
+    assert all(f'data-label="{label}"' in page for label in parent.labels)
