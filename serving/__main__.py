@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    from serving.transport import HostProtocol
+
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     app = create_app(secret, devices, args.max_body_mb)
     uvicorn.run(
@@ -61,8 +63,9 @@ def main(argv: list[str]) -> int:
         host=args.host,
         port=args.port,
         loop="uvloop",
-        http="httptools",
+        http=HostProtocol,  # httptools', one write per answer (serving.transport)
         access_log=False,
+        proxy_headers=False,  # nothing reads the client's address
         log_level="info",
         timeout_graceful_shutdown=10,
     )

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from serving import inference_api, manage_api, protocol
@@ -16,7 +16,7 @@ from serving.host import MAX_BODY_MB, Host
 
 async def healthz(request: Request) -> Response:
     """Alive; nothing more to whoever asks (the boot id is in /manage/state)."""
-    return JSONResponse({"status": "ok"})
+    return protocol.JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
@@ -27,7 +27,7 @@ async def readyz(request: Request) -> Response:
     answer: dict = {"ready": not loading}
     if host.is_secret(protocol.presented_key(request) or "\0"):
         answer["loading"] = loading
-    return JSONResponse(answer, 200 if not loading else 503)
+    return protocol.JSONResponse(answer, 200 if not loading else 503)
 
 
 def create_app(secret: str, devices: list[str], max_body_mb: float = MAX_BODY_MB) -> Starlette:

@@ -13,11 +13,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from runtime.chat import ROLES
 from runtime.chat_template import ChatTemplateError
 from runtime.generation import GenerationRequest
+from serving import protocol
 from serving.generative import GenerativeRevision
 from serving.revision import PredictError
 
@@ -203,7 +204,7 @@ async def complete(
             series.counts["errors"] += 1
             raise RequestError(str(exc), None, "generation_failed") from None
         finish(tokens, first)
-        return JSONResponse(
+        return protocol.JSONResponse(
             envelope([choice(text, reason, False)], usage=usage),
             headers={"X-Revision": revision.key},
         )
@@ -280,7 +281,9 @@ async def proxy(body: dict, path: str, name: str, revision, series) -> Response:
             data["model"] = name
             account(data)
         series.observe((time.perf_counter() - started) * 1000)
-        return JSONResponse(data, response.status_code, headers={"X-Revision": revision.key})
+        return protocol.JSONResponse(
+            data, response.status_code, headers={"X-Revision": revision.key}
+        )
 
     async def events() -> AsyncIterator[str]:
         first = None

@@ -99,6 +99,8 @@ class Host:
         answers, so a rollout never leaves the endpoint without an answer."""
         ready = {k: self.revisions[k] for k in route.revisions if self._ready(k)}
         weighted = [(k, w) for k, w in route.revisions.items() if w > 0 and k in ready]
+        if len(weighted) == 1:  # most endpoints, most of the time: no draw
+            return ready[weighted[0][0]]
         if weighted:
             keys, weights = zip(*weighted, strict=True)
             return ready[random.choices(keys, weights)[0]]  # noqa: S311 - a traffic split

@@ -5,14 +5,13 @@ Whoever holds no key learns nothing and costs nothing: the key is checked before
 body is read; an unknown endpoint, a missing key and a key of another endpoint get one and the
 same 401; the management secret is no key of this API."""
 
-import asyncio
 import math
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from serving import chat_api, protocol
 from serving.engines import EngineRevision
@@ -170,13 +169,13 @@ async def predict(request: Request) -> Response:
         return protocol.error(exc.status, "invalid_input", exc.message, **extra)
     series.counts["inputs"] += len(inputs)
     try:
-        preds = await asyncio.wait_for(revision.predict(inputs), REQUEST_TIMEOUT_S)
+        preds = await revision.predict(inputs, REQUEST_TIMEOUT_S)
     except (PredictError, TimeoutError) as exc:
         series.counts["errors"] += 1
         series.observe((time.perf_counter() - started) * 1000)
         return protocol.error(503, "predict_failed", str(exc) or "the prediction timed out")
     series.observe((time.perf_counter() - started) * 1000)
-    return JSONResponse(
+    return protocol.JSONResponse(
         {
             "endpoint": name,
             "revision": revision.key,

@@ -5,7 +5,7 @@ import asyncio
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from runtime.generation import RUNTIMES as GENERATIVE_RUNTIMES
 from runtime.inference import read_manifest
@@ -44,7 +44,7 @@ async def _body(request: Request) -> dict:
 
 @_manager
 async def state(request: Request, host: Host) -> Response:
-    return JSONResponse(
+    return protocol.JSONResponse(
         {
             "boot_id": host.boot_id,
             "started_at": host.started_at,
@@ -90,12 +90,12 @@ async def revision_put(request: Request, host: Host) -> Response:
     wanted = _revision_class(config)(key, config)
     if current is not None and current.config == wanted.config and current.state != "failed":
         wanted.pool.shutdown()
-        return JSONResponse(current.describe())
+        return protocol.JSONResponse(current.describe())
     if current is not None:
         await current.unload()
     host.revisions[key] = wanted
     request.app.state.loads.add(asyncio.create_task(wanted.load()))
-    return JSONResponse(wanted.describe(), 202)
+    return protocol.JSONResponse(wanted.describe(), 202)
 
 
 @_manager
@@ -132,6 +132,6 @@ async def endpoint_delete(request: Request, host: Host) -> Response:
 
 @_manager
 async def metrics(request: Request, host: Host) -> Response:
-    return JSONResponse(
+    return protocol.JSONResponse(
         {"boot_id": host.boot_id, "buckets_ms": BUCKETS_MS, "endpoints": host.metrics.snapshot()}
     )

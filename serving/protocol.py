@@ -3,10 +3,26 @@
 bodies read within a limit (413 as soon as the limit is passed, never holding more)."""
 
 import hashlib
-import json
 
+import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse as _StarletteJSON
+
+
+class JSONResponse(_StarletteJSON):
+    """Every JSON answer of the host, encoded by orjson: the bytes json.dumps would write
+    (compact, UTF-8), several times faster, on the path every request takes."""
+
+    def render(self, content: object) -> bytes:
+        return dumps(content)
+
+
+def dumps(content: object) -> bytes:
+    return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+
+
+def loads(raw: bytes | str) -> object:
+    return orjson.loads(raw)
 
 
 class InputError(Exception):
@@ -100,8 +116,8 @@ async def read_json(request: Request, limit: int) -> object:
     """The body parsed as JSON; BodyTooLarge over the limit, InputError (400) if not JSON."""
     raw = await read_body(request, limit)
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:  # invalid UTF-8 among them
+        if "depth limit" in str(exc):  # [[[[…]]]] deeper than orjson's 1,024 levels
+            raise InputError("the body is nested too deeply to be read as JSON", 400) from None
         raise InputError(f"the body is not valid JSON: {exc}", 400) from None
-    except RecursionError:  # [[[[…]]]] a hundred thousand deep: refused, not a 500
-        raise InputError("the body is nested too deeply to be read as JSON", 400) from None

@@ -15,7 +15,6 @@ Its answers are JSON, never pickles: the host trusts nothing the process says.
 
 import ctypes
 import importlib
-import json
 import multiprocessing
 import os
 import signal
@@ -27,6 +26,8 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+import orjson
 
 from runtime import sandbox
 from runtime.env import env_int, env_str
@@ -57,13 +58,17 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
+# numpy's scalars as their numbers, as json.dumps wrote a numpy float64 (a float subclass).
+SEND_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def send(conn: Connection, message: tuple) -> None:
     """An answer of the process to the host: JSON, so the host unpickles nothing of it."""
-    conn.send_bytes(json.dumps(message, ensure_ascii=False).encode())
+    conn.send_bytes(orjson.dumps(message, option=SEND_OPTIONS))
 
 
 def receive(conn: Connection) -> tuple:
-    kind, payload = json.loads(conn.recv_bytes())
+    kind, payload = orjson.loads(conn.recv_bytes())
     return kind, payload
 
 

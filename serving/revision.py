@@ -36,6 +36,12 @@ class Pending:
         return not self.future.done()  # a client that left is skipped
 
 
+def _expire(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(TimeoutError())
+
+
 class PredictError(Exception):
     """The revision could not answer (a predictor process failed or died)."""
 
@@ -143,7 +149,9 @@ class Revision:
             str(export_dir), str(self.config["device"]), self.max_batch_size, self.user
         )
 
-    async def predict(self, items: list) -> list[dict]:
+    async def predict(self, items: list, timeout_s: float) -> list[dict]:
+        """Each item's prediction; TimeoutError after ``timeout_s`` (a hung predictor), its
+        items then skipped by the batcher."""
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         futures = []
@@ -151,7 +159,14 @@ class Revision:
             future = loop.create_future()
             self.queue.put_nowait(Pending(item, future, now))
             futures.append(future)
-        return list(await asyncio.gather(*futures))
+        # One timer, not asyncio.timeout's task machinery: this runs for every request.
+        timer = loop.call_later(timeout_s, _expire, futures)
+        try:
+            if len(futures) == 1:  # most requests: no gather's task and callbacks
+                return [await futures[0]]
+            return list(await asyncio.gather(*futures))
+        finally:
+            timer.cancel()
 
     async def _collect(self) -> list[Pending]:
         first = await self.queue.get()
