@@ -11,6 +11,12 @@ COMPILED := $(CATALOGS:.po=.mo)
 RT_VENV := .venv-runtime
 RT_PY := $(RT_VENV)/bin/python
 
+# The lite venv: Paddle Lite's converter and runtime (runtime/lite.py), whose wheels stop at
+# Python 3.10. Where the node has no Python 3.10, the lite export target fails saying so.
+LITE_VENV := .venv-lite
+LITE_PY := $(LITE_VENV)/bin/python
+PY310 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python) $(shell command -v python3.10 2>/dev/null))
+
 LS_VENV := .venv-labelstudio
 # Label Studio runs from its own venv (it pins its own Django); none is installed when
 # LABEL_STUDIO_URL points at an existing server.
@@ -18,7 +24,7 @@ ifeq ($(LABEL_STUDIO_URL),)
 LABEL_STUDIO := labelstudio
 endif
 
-.PHONY: install install-test runtime labelstudio run test lint messages bench bench-smoke offline-bundle
+.PHONY: install install-test runtime lite labelstudio run test lint messages bench bench-smoke offline-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +61,19 @@ runtime: $(RT_VENV)/.installed
 	  while [ "$$d" != / ]; do [ -n "$$(find "$$d" -maxdepth 0 -perm -o+x)" ] || \
 	    { echo "chmod o+x $$d (for the runner's user)"; chmod o+x "$$d"; }; d=$$(dirname "$$d"); done; fi
 
-install: $(VENV)/.installed $(COMPILED) runtime
+$(LITE_VENV)/.installed: platform/requirements/lite.txt
+	@if [ -z "$(PY310)" ]; then echo "lite: no Python 3.10 on this node: the lite export target will fail"; exit 0; fi; \
+	  set -e; test -x $(LITE_PY) || $(PY310) -m venv $(LITE_VENV); \
+	  $(LITE_PY) -m pip install --quiet --upgrade pip; \
+	  $(LITE_PY) -m pip install --quiet -r platform/requirements/lite.txt; touch $@
+
+lite: $(LITE_VENV)/.installed
+	@# As for the runtime venv: the runner's user must reach the interpreter.
+	@if [ "$$(id -u)" = 0 ] && [ -x $(LITE_PY) ]; then d=$$(dirname "$$(readlink -f $(LITE_PY))"); \
+	  while [ "$$d" != / ]; do [ -n "$$(find "$$d" -maxdepth 0 -perm -o+x)" ] || \
+	    { echo "chmod o+x $$d (for the runner's user)"; chmod o+x "$$d"; }; d=$$(dirname "$$d"); done; fi
+
+install: $(VENV)/.installed $(COMPILED) runtime lite
 
 install-test: install $(VENV)/.installed-test
 

@@ -42,7 +42,14 @@ def write_manifest(out_dir: Path, **fields) -> dict:
 
 
 # Manifest fields that name a file or folder of the export.
-PATH_FIELDS = ("model_file", "params_file", "config_file", "adapter_dir", "crf_file")
+PATH_FIELDS = (
+    "model_file",
+    "params_file",
+    "config_file",
+    "adapter_dir",
+    "crf_file",
+    "arm_model_file",
+)
 
 
 def check_manifest_paths(manifest: dict) -> None:
@@ -129,9 +136,16 @@ def _onnxruntime(export_dir: Path, manifest: dict, device: str):
     return run
 
 
+def _paddle_lite(export_dir: Path, manifest: dict, device: str):
+    from runtime.lite import paddle_lite_runtime  # a process of the lite venv (Python 3.10)
+
+    return paddle_lite_runtime(export_dir, manifest, device)
+
+
 RUNTIMES: dict[str, Runtime] = {
     "paddle_inference": _paddle_inference,
     "onnxruntime": _onnxruntime,
+    "paddle_lite": _paddle_lite,
 }
 
 

@@ -57,6 +57,9 @@ ALLOWED_ENV = frozenset(
         "HF_HUB_OFFLINE",
         "TRANSFORMERS_OFFLINE",
         "HF_DATASETS_OFFLINE",
+        # Export targets (runtime.targets) and the lite venv's interpreter (runtime.lite).
+        "PLATFORM_EXPORT_TARGETS",
+        "LITE_PYTHON",
         # Device visibility (platform/hardware/*.toml).
         "CUDA_VISIBLE_DEVICES",
         "ASCEND_RT_VISIBLE_DEVICES",

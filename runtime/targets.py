@@ -4,6 +4,11 @@ from the job's export and checked against it on the report's rows.
 
 - ``onnx``: a Paddle Inference export through paddle2onnx, served by ONNX Runtime. A torch
   model's own export is already ONNX.
+- ``lite``: a Paddle Inference export as Paddle Lite models for x86 and ARM devices
+  (``runtime.lite``: made and run in a venv of its own, Python 3.10).
+
+``PLATFORM_EXPORT_TARGETS`` (comma-separated, default every one) names the targets a node
+makes: a site that never deploys to devices leaves ``lite`` out and saves its disk.
 
 A target that cannot be made (an operator the converter lacks) fails alone, with the
 converter's words; the export and the other targets stand.
@@ -14,14 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runtime.env import env_list
 from runtime.inference import MANIFEST, PATH_FIELDS, Predictor, read_manifest, write_manifest
 
 TARGETS_DIR = "targets"  # of the job's work directory, beside export/
 ONNX = "onnx"
+LITE = "lite"
 ONNX_FILE = "model.onnx"
 ONNX_OPSET = 13  # paddle2onnx's own choice for these models (GRU, int64 hashing)
 # The runtime each target's manifest names, for the targets made from a Paddle export.
-TARGET_RUNTIMES = {ONNX: "onnxruntime"}
+TARGET_RUNTIMES = {ONNX: "onnxruntime", LITE: "paddle_lite"}
 CONVERT_TIMEOUT_S = 900
 
 # Run apart: paddle2onnx aborts the whole process on some unsupported programs.
@@ -36,12 +43,19 @@ class TargetError(Exception):
 
 
 def targets_for(manifest: dict) -> list[str]:
-    """The targets made from an export with this manifest."""
-    return [ONNX] if manifest.get("runtime") == "paddle_inference" else []
+    """The targets made from an export with this manifest (those this node makes)."""
+    if manifest.get("runtime") != "paddle_inference":
+        return []
+    wanted = env_list("PLATFORM_EXPORT_TARGETS", ",".join(TARGET_RUNTIMES))
+    return [t for t in TARGET_RUNTIMES if t in wanted]
 
 
 def make_target(export: Path, target: str, out: Path) -> dict:
     """Write ``target`` of the export in ``export`` into ``out`` (a new folder); its manifest."""
+    if target == LITE:
+        from runtime.lite import make_lite
+
+        return make_lite(export, out)
     manifest = read_manifest(export)
     if target != ONNX or manifest.get("runtime") != "paddle_inference":
         raise TargetError(f"no {target} target for a {manifest.get('runtime')} export")

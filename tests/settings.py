@@ -7,6 +7,9 @@ os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-01234567
 # Files of a test run (storage, uploads) go to a directory of its own, never var/.
 os.environ.setdefault("PLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="platform-test-"))
 os.environ.setdefault("SERVING_SECRET", "test-serving-secret-0123456789")
+# The suite's jobs make the ONNX target only: the lite one (seconds and some 100 MB a fast
+# model) has tests of its own (tests/runtime/test_lite.py, tests/training/test_lite_target.py).
+os.environ.setdefault("PLATFORM_EXPORT_TARGETS", "onnx")
 if "SERVING_PORT" not in os.environ:
     # The suite's serving host listens here; the workers the suite starts inherit it.
     import socket

@@ -1,0 +1,100 @@
+"""A fast model's Paddle Lite target as the registry keeps it: a job's work directory made by
+the real runner on a node whose targets include lite, registered like any job's: the version
+lists lite ready (with its agreement), downloads it as a folder of its own (``model.nb`` for
+x86, ``model.arm.nb`` for ARM devices, the manifest with their sha256s), and a lite folder
+whose files were changed after the runner checked them is not kept."""
+
+import io
+import tarfile
+
+import pytest
+
+from runtime import lite
+from runtime.presets import recommended
+from tests.deployment.fixtures import _run_runner
+from tests.helpers.workdir import make_workdir
+from training.models import TrainingJob
+from training.registry import (
+    model_version_register,
+    model_version_target_archive,
+    model_version_targets,
+)
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(lite.lite_python() is None, reason="no lite venv (.venv-lite)"),
+]
+PRESET = "ngram-bag-char"
+# Small tables: the conversion stays fast.
+SMALL = {"embedding_size": 32, "buckets": 4000, "wide_buckets": 4096}
+
+
+@pytest.fixture(scope="module")
+def lite_workdir(tmp_path_factory):
+    """A trained fast classifier's work directory, its targets made with lite among them."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PLATFORM_EXPORT_TARGETS", "onnx,lite")
+    try:
+        hp = recommended("text_classification", preset=PRESET)
+        workdir, spec = make_workdir(
+            tmp_path_factory.mktemp("lite-job"),
+            "text_classification",
+            sizes=(120, 20, 40),
+            learning_rate=hp.learning_rate,
+            epochs=4,
+        )
+        spec.backend, spec.preset, spec.model_config = "paddle", PRESET, SMALL
+        spec.save(workdir)
+        _run_runner(workdir, "paddle")
+    finally:
+        mp.undo()
+    return workdir
+
+
+def _job(team, owner, make_dataset, workdir) -> TrainingJob:
+    from runtime.spec import JobSpec
+
+    spec = JobSpec.load(workdir)
+    return TrainingJob.objects.create(
+        team=team,
+        name="lite",
+        dataset_version=make_dataset(),
+        task_kind=spec.task_kind,
+        labels=list(spec.labels),
+        preset=PRESET,
+        backend="paddle",
+        status=TrainingJob.Status.RUNNING,
+        created_by=owner,
+    )
+
+
+def test_a_fast_models_lite_target_is_kept_and_downloads_with_its_manifest(
+    team, owner, make_dataset, lite_workdir
+):
+    version = model_version_register(_job(team, owner, make_dataset, lite_workdir), lite_workdir)
+    targets = {t["name"]: t for t in model_version_targets(version)}
+    assert list(targets) == ["paddle_inference", "lite", "onnx"]
+    assert targets["lite"]["status"] == "ready" and targets["lite"]["runtime"] == "paddle_lite"
+    assert targets["lite"]["agreement"] == 1.0, targets
+
+    out = io.BytesIO()
+    assert model_version_target_archive(version, "lite", out)
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tf:
+        names = {m.name.split("/", 1)[-1] for m in tf.getmembers() if m.isfile()}
+    assert {"model.nb", "model.arm.nb", "manifest.json", "vocab.txt"} <= names, names
+
+
+def test_a_lite_target_changed_after_the_runner_checked_it_is_not_kept(
+    team, owner, make_dataset, lite_workdir, tmp_path
+):
+    import shutil
+
+    workdir = tmp_path / "job"
+    shutil.copytree(lite_workdir, workdir)
+    with open(workdir / "targets" / "lite" / "model.nb", "ab") as f:
+        f.write(b"\0")  # the runner's user wrote something else after the check
+    version = model_version_register(_job(team, owner, make_dataset, workdir), workdir)
+    lite_target = next(t for t in model_version_targets(version) if t["name"] == "lite")
+    assert lite_target["status"] == "failed" and "do not check out" in lite_target["error"]
+    assert not model_version_target_archive(version, "lite", io.BytesIO())
