@@ -16,6 +16,7 @@ from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS, is_fast, preset_config
 from training import base_models, compression, jobs, registry, selectors, sweeps
+from training.edge import NEEDS as EDGE_RUNTIMES
 from training.edge import edge_bundle
 from training.serializers import (
     BaseModelFromVersionSerializer,
@@ -51,6 +52,12 @@ def model_archive_response(version, target: str | None = None, edge=False) -> Fi
         name = f"{version.name}-v{version.number}-{target}.tar.gz"
     else:
         out.close()
+        ready = {t["name"]: t for t in registry.model_version_targets(version)}
+        if edge and target in ready and ready[target]["status"] == "ready":
+            raise Http404(
+                _("The %(t)s target has no edge bundle: edge bundles run on %(all)s.")
+                % {"t": target, "all": ", ".join(EDGE_RUNTIMES)}
+            )
         raise Http404(_("This model version has no target %(t)s.") % {"t": target})
     out.seek(0)
     return FileResponse(out, as_attachment=True, filename=name)

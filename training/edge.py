@@ -20,6 +20,8 @@ RUNTIME_MODULES = ("__init__.py", "kinds.py", "tokenizer.py", "data.py", "infere
 PREDICT = RUNTIME_DIR / "edge" / "predict.py"
 REQUIREMENTS_FILE = Path(__file__).resolve().parent.parent / "platform/requirements/runtime.txt"
 # What each runtime needs installed, pinned as the platform's runtime venv has it.
+# A target whose runtime is not here has no edge bundle: Paddle Lite's predictor runs on
+# Python 3.10, which the bundled runtime/ code does not.
 NEEDS = {"onnxruntime": ("numpy", "onnxruntime"), "paddle_inference": ("numpy", "paddlepaddle")}
 
 README = """# {name} · {target} edge bundle
@@ -73,6 +75,8 @@ def edge_bundle(version: ModelVersion, target: str, out) -> bool:
     if target not in found or found[target]["status"] != "ready":
         return False
     runtime_name = str(found[target]["runtime"])
+    if runtime_name not in NEEDS:
+        return False
     top = f"{target}-edge/"
     examples = [e for e in (version.evaluation or {}).get("examples") or [] if isinstance(e, dict)]
     with tarfile.open(fileobj=out, mode="w:gz") as tf:

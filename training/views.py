@@ -30,6 +30,7 @@ from training.compression import (
     deployment_figures,
     family_ids,
 )
+from training.edge import NEEDS as EDGE_RUNTIMES
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import ModelVersion, TrainingJob
@@ -278,6 +279,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "can_import": _can(request, Perm.MODEL_IMPORT),
             "generative": version.task_kind in GENERATIVE_KINDS,
             "targets": model_version_targets(version),
+            "edge_runtimes": list(EDGE_RUNTIMES),
             "compression": compression_view(version),
             "family": family_ids(version),
             "quantization_modes": QUANTIZATION_MODES,
@@ -313,9 +315,7 @@ def models_compare(request: HttpRequest) -> HttpResponse:
             "versions": versions,
             "deployment": list(zip(versions, deployment_figures(versions), strict=True)),
             "metric_rows": [(k, [v.metrics.get(k) for v in versions]) for k in keys],
-            "label_rows": [
-                (label, [_f1(f1s(v).get(label)) for v in versions]) for label in labels
-            ],
+            "label_rows": [(label, [_f1(f1s(v).get(label)) for v in versions]) for label in labels],
             "hp_rows": [(k, [v.hyperparameters.get(k) for v in versions]) for k in hp_keys],
         },
     )

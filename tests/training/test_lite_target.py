@@ -8,7 +8,9 @@ import io
 import tarfile
 
 import pytest
+from django.urls import reverse
 
+from console.services import api_token_create
 from runtime import lite
 from runtime.presets import recommended
 from tests.deployment.fixtures import _run_runner
@@ -98,3 +100,22 @@ def test_a_lite_target_changed_after_the_runner_checked_it_is_not_kept(
     lite_target = next(t for t in model_version_targets(version) if t["name"] == "lite")
     assert lite_target["status"] == "failed" and "do not check out" in lite_target["error"]
     assert not model_version_target_archive(version, "lite", io.BytesIO())
+
+
+def test_a_lite_target_offers_no_edge_bundle_and_says_why(
+    client, team, owner, make_dataset, lite_workdir
+):
+    version = model_version_register(_job(team, owner, make_dataset, lite_workdir), lite_workdir)
+    client.force_login(owner)
+    page = reverse("training:model", kwargs={"team": team.slug, "model_version_id": version.pk})
+    html = client.get(page).content.decode()
+    assert 'data-testid="download-lite"' in html and 'data-testid="edge-lite"' not in html
+    assert 'data-testid="edge-onnx"' in html
+    _token, key = api_token_create(actor=owner, name="ci")
+    response = client.get(
+        f"/api/v1/teams/{team.slug}/models/{version.pk}/download/",
+        {"target": "lite", "bundle": "edge"},
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert response.status_code == 404
+    assert "has no edge bundle" in response.json()["detail"], response.content
