@@ -308,6 +308,7 @@ def models_compare(request: HttpRequest) -> HttpResponse:
         return per_label if isinstance(per_label, dict) else {}
 
     labels = list(dict.fromkeys(label for v in versions for label in f1s(v)))
+    hp_rows = [(k, [v.hyperparameters.get(k) for v in versions]) for k in hp_keys]
     return render(
         request,
         "training/compare.html",
@@ -316,9 +317,17 @@ def models_compare(request: HttpRequest) -> HttpResponse:
             "deployment": list(zip(versions, deployment_figures(versions), strict=True)),
             "metric_rows": [(k, [v.metrics.get(k) for v in versions]) for k in keys],
             "label_rows": [(label, [_f1(f1s(v).get(label)) for v in versions]) for label in labels],
-            "hp_rows": [(k, [v.hyperparameters.get(k) for v in versions]) for k in hp_keys],
+            # The hyperparameters that differ: the same value everywhere tells nothing apart.
+            "hp_rows": [row for row in hp_rows if len(versions) < 2 or _differ(row[1])],
+            "hp_same": sum(not _differ(values) for _k, values in hp_rows)
+            if len(versions) > 1
+            else 0,
         },
     )
+
+
+def _differ(values: list) -> bool:
+    return len({json.dumps(x, sort_keys=True, default=str) for x in values}) > 1
 
 
 def _f1(entry) -> float | None:

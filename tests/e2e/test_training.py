@@ -1,12 +1,19 @@
 """An ML engineer submits a training job from the console, watches its loss and metric curves
-move while the real train worker runs it, and opens the model version's evaluation report."""
+move while the real train worker runs it, and opens the model version's evaluation report;
+then deploys it many ways: compresses it to INT8, distills it into a fast student, compares
+the three on one page, sends the INT8 one to the endpoint as a canary, and downloads its edge
+bundle, which runs where the platform is not."""
+
+import subprocess
+import tarfile
 
 import pytest
+from django.conf import settings
 from playwright.sync_api import Page, expect
 
 from console.roles import Role
 from labeling.datasets import dataset_create
-from tests.helpers.browser import login, open_report, shot, submit_job
+from tests.helpers.browser import login, open_report, shot, submit_job, wait_endpoint_ready
 from tests.helpers.data import make_jsonl_version, rows_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -18,8 +25,8 @@ def points(page: Page, chart: str) -> int:
     )
 
 
-def test_submit_a_job_watch_the_curves_and_open_the_report(
-    page: Page, make_user, make_team, train_worker
+def test_submit_a_job_watch_the_curves_open_the_report_and_deploy_it_many_ways(
+    page: Page, make_user, make_team, train_worker, fresh_host, tmp_path
 ):
     engineer = make_user("wang", password="Wang-Pass-2026")
     team = make_team("NLP", {engineer: Role.MAINTAINER})
@@ -88,3 +95,68 @@ def test_submit_a_job_watch_the_curves_and_open_the_report(
         page.get_by_test_id("compression-metrics").locator('tr[data-metric="accuracy"]')
     ).to_be_visible()
     shot(page, "training-compressed")
+    int8_page = page.url
+
+    # Distilled into a fast student from the parent's page.
+    page.get_by_test_id("parent").get_by_role("link").click()
+    parent_page = page.url
+    form = page.get_by_test_id("compress-form")
+    form.locator("select[name=method]").select_option("distill")
+    form.locator("select[name=student]").select_option("ngram-bag-char")
+    page.get_by_test_id("compress").click()
+    expect(status).to_have_attribute("data-status", "succeeded", timeout=180_000)
+    page.get_by_test_id("model-link").get_by_role("link").click()
+    expect(page.get_by_test_id("compression-runs")).to_contain_text("学生模型")
+
+    # The three on one page: metrics, per-label F1, size and speed, how each was made.
+    page.goto(parent_page)
+    page.get_by_test_id("compare-family").click()
+    comparison = page.get_by_test_id("comparison")
+    expect(comparison.locator("thead th")).to_have_count(4)
+    expect(page.get_by_test_id("compare-made-from").nth(1)).to_contain_text("int8")
+    expect(page.get_by_test_id("compare-made-from").nth(2)).to_contain_text("distill")
+    for cell in page.get_by_test_id("compare-b32").all():
+        expect(cell).not_to_have_text("–")
+    expect(comparison.locator('tr[data-label="负面"]')).to_be_visible()
+    shot(page, "training-compare-family")
+
+    # The parent deployed, the INT8 version beside it as a 10 % canary.
+    page.goto(parent_page)
+    page.get_by_test_id("deploy").click()
+    form = page.get_by_test_id("deploy-form")
+    form.locator("#id_name").fill("reviews-many")
+    form.locator("button[type=submit]").click()
+    wait_endpoint_ready(page)
+    canary = page.get_by_test_id("canary-form")
+    canary.locator("#id_model_version").select_option(label="评论 v2")
+    with page.expect_navigation():
+        canary.locator("button[type=submit]").click()
+    if page.get_by_test_id("confirm-worse").count():
+        page.get_by_test_id("confirm-worse").click()
+    revisions = page.get_by_test_id("revisions")
+    expect(revisions.locator('tr[data-revision="2"] [data-testid=weight]')).to_have_text("10")
+    wait_endpoint_ready(page, timeout=120)
+    page.get_by_test_id("try-input").fill("这家店的服务很好，下次还来")
+    page.get_by_test_id("try-form").locator("button[type=submit]").click()
+    expect(page.get_by_test_id("try-output")).to_have_attribute("data-status", "200")
+    shot(page, "training-int8-canary")
+
+    # The INT8 version's edge bundle: the predictor and the model, checked against the
+    # report's own outputs by the runtime alone (no platform on the path).
+    page.goto(int8_page)
+    with page.expect_download() as download:
+        page.get_by_test_id("edge-onnx").click()
+    bundle = tmp_path / "bundle.tar.gz"
+    download.value.save_as(bundle)
+    with tarfile.open(bundle) as tf:
+        tf.extractall(tmp_path / "edge", filter="data")
+    folder = tmp_path / "edge" / "onnx-edge"
+    checked = subprocess.run(
+        [settings.TRAINING_PYTHON, "-E", "-s", "predict.py", "--check"],
+        cwd=folder,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

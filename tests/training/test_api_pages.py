@@ -125,7 +125,7 @@ def test_the_evaluation_report_comparison_and_download(client, team, owner, tmp_
         tmp_path / "a",
         evaluation=EVALUATION,
         metrics={"accuracy": 0.8, "macro_f1": 0.79},
-        hyperparameters={"epochs": 3},
+        hyperparameters={"epochs": 3, "seed": 42},
     )
     second = stored_model(
         team,
@@ -133,7 +133,7 @@ def test_the_evaluation_report_comparison_and_download(client, team, owner, tmp_
         tmp_path / "b",
         number=2,
         metrics={"accuracy": 0.9, "macro_f1": 0.88},
-        hyperparameters={"epochs": 6},
+        hyperparameters={"epochs": 6, "seed": 42},
     )
     client.force_login(owner)
     page = client.get(
@@ -147,6 +147,8 @@ def test_the_evaluation_report_comparison_and_download(client, team, owner, tmp_
         {"ids": [first.pk, second.pk]},
     ).content.decode()
     assert "0.7900" in compare and "0.8800" in compare and "epochs" in compare
+    # A hyperparameter the same in both tells them not apart: counted, not listed.
+    assert "seed" not in compare and 'data-testid="hp-same"' in compare
     download = client.get(
         reverse("training:model_download", kwargs={"team": team.slug, "model_version_id": first.pk})
     )
