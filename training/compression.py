@@ -2,8 +2,9 @@
 like any job (progress, cancel):
 
 - ``int8`` quantizes the version's ONNX form with ONNX Runtime (runtime.compress);
-- ``distill`` trains a student preset (the small transformer by default) on what the version
-  decides for its training rows and the dataset's unlabeled rows (runtime.distill).
+- ``distill`` trains a student (a preset, the small transformer by default, or an encoder the
+  team imported as a base model) on what the version decides for its training rows and the
+  dataset's unlabeled rows (runtime.distill).
 
 Its result is a new version of the same name whose ``parent`` is the one compressed and whose
 ``compression`` holds the method, its parameters and the figures beside the parent
@@ -19,13 +20,15 @@ from django.utils.translation import gettext as _
 
 from console.selectors import live_nodes_with
 from console.services import audit_record
+from runtime.backends import available as available_backends
 from runtime.compress import MODES
 from runtime.kinds import GENERATIVE_KINDS
 from runtime.presets import CPU_TRANSFORMER, presets_for, recommended
 from runtime.spec import Hyperparameters
 from training.jobs import no_node_reason, training_job_enqueue
-from training.models import ModelVersion, TrainingJob
+from training.models import BaseModel, ModelVersion, TrainingJob
 from training.registry import model_version_targets
+from training.selectors import team_base_models
 
 METHODS = (TrainingJob.Objective.INT8, TrainingJob.Objective.DISTILL)
 MAX_CALIBRATION_ROWS = 5000
@@ -51,12 +54,7 @@ def compression_checks(
             % {"v": version}
         )
     if method == TrainingJob.Objective.DISTILL:
-        students = presets_for(version.task_kind, STUDENT_BACKEND)
-        if student not in students:
-            raise ValidationError(
-                _("No student preset named “%(p)s” for %(kind)s; presets: %(all)s.")
-                % {"p": student, "kind": version.task_kind, "all": ", ".join(students)}
-            )
+        student_of(version, student)
         return
     if version.manifest.get("quantization"):
         raise ValidationError(_("%(v)s is compressed already.") % {"v": version})
@@ -80,6 +78,41 @@ def compression_checks(
         )
 
 
+def student_of(version: ModelVersion, student: str) -> tuple[str, BaseModel | None]:
+    """The student ``student`` names for ``version``: a paddle preset of its kind (preset, None)
+    or an encoder the team (or the site) imported as a base model ("", the model); a
+    ValidationError listing both otherwise."""
+    presets = presets_for(version.task_kind, STUDENT_BACKEND)
+    if student in presets:
+        return student, None
+    encoders = student_base_models(version.team)
+    model = next((m for m in encoders if m.name == student), None)
+    if model is None:
+        raise ValidationError(
+            _(
+                "No student named “%(p)s” for %(kind)s: a preset (%(all)s) or an encoder "
+                "imported as a base model (%(bases)s)."
+            )
+            % {
+                "p": student,
+                "kind": version.task_kind,
+                "all": ", ".join(presets),
+                "bases": ", ".join(m.name for m in encoders) or _("none"),
+            }
+        )
+    return "", model
+
+
+def student_base_models(team) -> list[BaseModel]:
+    """The imported encoders a version of the team can be distilled into (the team's own and
+    the site's shared ones; a causal LM is no classifier's student)."""
+    return [
+        m
+        for m in team_base_models(team).order_by("name")
+        if not m.summary.get("causal_lm") and m.backend in available_backends()
+    ]
+
+
 def compression_submit(
     *,
     actor: AbstractBaseUser,
@@ -95,6 +128,7 @@ def compression_submit(
     team = version.team
     student = student or DEFAULT_STUDENT
     compression_checks(version, method, mode, calibration_rows, student)
+    base_model = None
     known = Hyperparameters.__dataclass_fields__
     if method == TrainingJob.Objective.INT8:
         given = {**version.hyperparameters, "quantization": mode}
@@ -103,9 +137,11 @@ def compression_submit(
         preset, name, backend = "", f"{version} INT8", version.backend
         data = {"method": method, "mode": mode}
     else:
-        hp = recommended(version.task_kind, preset=student)
+        preset, base_model = student_of(version, student)
+        hp = recommended(version.task_kind, preset=preset or None)
         hp.max_seq_length = int(version.hyperparameters.get("max_seq_length", hp.max_seq_length))
-        preset, name, backend = student, f"{version} → {student}", STUDENT_BACKEND
+        backend = base_model.backend if base_model else STUDENT_BACKEND
+        name = f"{version} → {student}"
         data = {"method": method, "student": student}
     with transaction.atomic():
         job = TrainingJob.objects.create(
@@ -115,6 +151,7 @@ def compression_submit(
             task_kind=version.task_kind,
             labels=list(version.labels),
             preset=preset,
+            base_model=base_model,
             backend=backend,
             objective=method,
             parent_version=version,

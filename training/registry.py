@@ -94,10 +94,11 @@ def _lineage(job: TrainingJob, evaluation: dict) -> dict:
     if job.objective not in TrainingJob.COMPRESSIONS or parent is None:
         return {}
     compression = evaluation.get("compression")
-    return {
-        "parent": parent,
-        "compression": compression if isinstance(compression, dict) else {},
-    }
+    compression = compression if isinstance(compression, dict) else {}
+    if job.base_model_id and isinstance(compression.get("params"), dict):
+        # A base model student: the runner knows its files, not its name.
+        compression["params"]["student"] = job.base_model.name
+    return {"parent": parent, "compression": compression}
 
 
 def _checked_targets(root: Path, reported) -> dict[str, dict]:

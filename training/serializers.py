@@ -233,10 +233,11 @@ class ModelVersionDetailSerializer(ModelVersionSerializer):
 class CompressSerializer(serializers.Serializer):
     """Compression of a version (training.compression): ``int8`` quantization (dynamic, or
     static calibrated on ``calibration_rows`` rows of the dev split), or ``distill`` into a
-    ``student`` preset (default: ernie-micro-char)."""
+    ``student``: a preset (default: ernie-micro-char) or the name of an encoder imported as a
+    base model (the service checks it)."""
 
     method = serializers.ChoiceField(choices=["int8", "distill"], default="int8")
-    student = serializers.ChoiceField(choices=[*FAST_PRESETS, *PRESETS], required=False)
+    student = serializers.CharField(max_length=100, required=False)
     mode = serializers.ChoiceField(choices=list(QUANTIZATION_MODES), default="dynamic")
     calibration_rows = serializers.IntegerField(
         min_value=1, max_value=MAX_CALIBRATION_ROWS, default=200

@@ -29,6 +29,7 @@ from training.compression import (
     compression_view,
     deployment_figures,
     family_ids,
+    student_base_models,
 )
 from training.edge import NEEDS as EDGE_RUNTIMES
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
@@ -284,6 +285,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "family": family_ids(version),
             "quantization_modes": QUANTIZATION_MODES,
             "students": presets_for(version.task_kind, STUDENT_BACKEND),
+            "student_bases": [m.name for m in student_base_models(request.team)],
             "default_student": DEFAULT_STUDENT,
         },
     )

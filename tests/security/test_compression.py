@@ -51,3 +51,31 @@ def test_another_team_downloads_no_target_or_edge_bundle(make_user, make_team, t
     url = f"/api/v1/teams/{team_a.slug}/models/{model.pk}/download/"
     assert _api(alice).get(url, {"target": "onnx", "bundle": "edge"}).status_code == 200
     assert _api(alice).get(url, {"target": "paddle_lite", "bundle": "edge"}).status_code == 404
+
+
+def test_a_student_is_never_another_teams_base_model(make_user, make_team, tmp_path):
+    from labeling.datasets import dataset_create
+    from tests.helpers.data import version_for
+    from training.models import BaseModel
+
+    alice, mallory = make_user("alice"), make_user("mallory")
+    team_a = make_team("Alpha", {alice: Role.OWNER})
+    team_b = make_team("Bravo", {mallory: Role.OWNER})
+    dataset = dataset_create(actor=alice, team=team_a, name="r", task_kind="text_classification")
+    model = stored_model(team_a, alice, tmp_path, dataset_version=version_for(dataset, alice, 40))
+    BaseModel.objects.create(
+        team=team_b,
+        name="bravo-encoder",
+        backend="paddle",
+        architecture="ernie",
+        manifest={"files": {}},
+        storage_prefix="base_models/bravo/",
+        created_by=mallory,
+    )
+    url = f"/api/v1/teams/{team_a.slug}/models/{model.pk}/compress/"
+    body = {"method": "distill", "student": "bravo-encoder"}
+    response = _api(alice).post(url, body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    said = response.content.decode()
+    assert "No student named" in said and "imported as a base model (none)" in said
+    assert not TrainingJob.objects.exists()

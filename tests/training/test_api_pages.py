@@ -283,7 +283,7 @@ def test_the_compress_form_says_what_was_wrong_and_queues_nothing(
         ),
         "an unknown student": (
             {"method": "distill", "student": "nope"},
-            "No student preset named “nope”",
+            "No student named “nope”",
         ),
         "too many calibration rows": (
             {"method": "int8", "mode": "static", "calibration_rows": "999999"},

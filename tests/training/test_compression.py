@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from console.services import api_token_create
 from tests.helpers.jobs import wait_for
+from training.base_models import base_model_import
 from training.compression import compression_submit
 from training.jobs import training_job_clone, training_job_submit
 from training.models import ModelVersion, TrainingJob
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 
 def test_a_trained_model_compresses_to_int8_and_distills_into_a_student(
-    client, team, owner, make_dataset
+    client, team, owner, make_dataset, paddle_base
 ):
     version = make_dataset("text_classification", n=120)
     job = training_job_submit(
@@ -106,3 +107,30 @@ def test_a_trained_model_compresses_to_int8_and_distills_into_a_student(
     assert made[1][1]["agreement"] == child.compression["agreement"]
     assert page.count('data-testid="compare-b32"') == 3
     assert all(f'data-label="{label}"' in page for label in parent.labels)
+
+
+    # A smaller imported encoder as the student: offered on the page, fine-tuned on what the
+    # teacher decides, named in its lineage.
+    base_model_import(actor=owner, team=team, name="ernie-mini", path=paddle_base.name)
+    page = client.get(
+        reverse("training:model", kwargs={"team": team.slug, "model_version_id": parent.pk})
+    ).content.decode()
+    assert '<option value="ernie-mini">' in page
+    response = client.post(
+        api,
+        {"method": "distill", "student": "ernie-mini"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert response.status_code == 201, response.content
+    distill = wait_for(TrainingJob.objects.get(pk=response.json()["id"]))
+    assert distill.status == "succeeded", distill.error
+    assert distill.base_model.name == "ernie-mini" and not distill.preset
+    mini = ModelVersion.objects.get(job=distill)
+    assert mini.parent == parent and mini.base == "ernie-mini"
+    assert mini.compression["params"]["student"] == "ernie-mini"
+    # Scored beside its teacher (this test's encoder has random weights: no quality to expect).
+    assert 0 <= mini.compression["agreement"] <= 1 and mini.evaluation["rows"] > 0
+    # A student that is neither: the error lists what there is.
+    with pytest.raises(Exception, match=r"ernie-micro-char.*ernie-mini"):
+        compression_submit(actor=owner, version=parent, method="distill", student="gpt-9")
