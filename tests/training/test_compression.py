@@ -108,7 +108,6 @@ def test_a_trained_model_compresses_to_int8_and_distills_into_a_student(
     assert page.count('data-testid="compare-b32"') == 3
     assert all(f'data-label="{label}"' in page for label in parent.labels)
 
-
     # A smaller imported encoder as the student: offered on the page, fine-tuned on what the
     # teacher decides, named in its lineage.
     base_model_import(actor=owner, team=team, name="ernie-mini", path=paddle_base.name)
