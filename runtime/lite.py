@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from runtime.env import env_str
-from runtime.inference import PATH_FIELDS, read_manifest, write_manifest
+from runtime.inference import read_manifest
+from runtime.targets import TargetError, finish_target  # which imports this module lazily
 
 LITE = "lite"
 RUNTIME = "paddle_lite"
@@ -52,16 +53,10 @@ def lite_python() -> Path | None:
     return path if path.is_file() else None
 
 
-def _target_error(message: str) -> Exception:
-    from runtime.targets import TargetError  # runtime.targets imports this module
-
-    return TargetError(message)
-
-
 def _run_lite(args: list[str], what: str, place: str = "") -> str:
     python = lite_python()
     if python is None:
-        raise _target_error(NO_LITE)
+        raise TargetError(NO_LITE)
     try:
         proc = subprocess.run(
             [str(python), "-I", str(SCRIPT), *args],
@@ -71,12 +66,12 @@ def _run_lite(args: list[str], what: str, place: str = "") -> str:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise _target_error(f"{what} took more than {CONVERT_TIMEOUT_S} s") from exc
+        raise TargetError(f"{what} took more than {CONVERT_TIMEOUT_S} s") from exc
     said = proc.stdout + proc.stderr
     if proc.returncode:
         ops = unsupported_ops(said)
         if ops:
-            raise _target_error(
+            raise TargetError(
                 f"Paddle Lite{f' ({place})' if place else ''} lacks the operator(s) "
                 f"{', '.join(ops)}: {what} failed"
             )
@@ -85,7 +80,7 @@ def _run_lite(args: list[str], what: str, place: str = "") -> str:
             for line in said.splitlines()
             if re.search(r"error|failed|lacks|no lite network", line, re.IGNORECASE)
         ]
-        raise _target_error(
+        raise TargetError(
             f"{what} failed: " + ("; ".join(lines[-3:]) or f"exit status {proc.returncode}")
         )
     return said
@@ -117,7 +112,7 @@ def _legacy_program(
     if model_file.suffix == ".pdmodel":  # a legacy export (Paddle 2): as it is
         return model_file, export / manifest["params_file"], architecture
     if architecture not in REBUILT:
-        raise _target_error(
+        raise TargetError(
             "Paddle Lite reads no PIR program and Paddle 3 writes no other: the lite target "
             f"rebuilds the fast models ({', '.join(REBUILT)}) from their trained weights, "
             + (f"not a {architecture} model" if architecture else f"which {checkpoint} lacks")
@@ -132,9 +127,9 @@ def make_lite(export: Path, out: Path, checkpoint: Path | None = None) -> dict:
     manifest. ``checkpoint``: the trained weights of a PIR export (``best/`` beside it)."""
     manifest = read_manifest(export)
     if manifest.get("runtime") != "paddle_inference":
-        raise _target_error(f"no {LITE} target for a {manifest.get('runtime')} export")
+        raise TargetError(f"no {LITE} target for a {manifest.get('runtime')} export")
     if lite_python() is None:
-        raise _target_error(NO_LITE)
+        raise TargetError(NO_LITE)
     out.mkdir(parents=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -148,15 +143,16 @@ def make_lite(export: Path, out: Path, checkpoint: Path | None = None) -> dict:
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    carried = [manifest["tokenizer"]["vocab"], manifest.get("crf_file")]
-    for name in filter(None, carried):
-        shutil.copy(export / name, out / name)
-    dropped = {"format", "files", "runtime", *PATH_FIELDS} - {"crf_file"}
-    fields = {k: v for k, v in manifest.items() if k not in dropped}
-    if architecture in UNPADDED:
-        fields["rows"] = "one_unpadded"
-    return write_manifest(
-        out, **fields, runtime=RUNTIME, model_file=NB_FILE, arm_model_file=ARM_NB_FILE, target=LITE
+    rows = {"rows": "one_unpadded"} if architecture in UNPADDED else {}
+    return finish_target(
+        export,
+        manifest,
+        out,
+        **rows,
+        runtime=RUNTIME,
+        model_file=NB_FILE,
+        arm_model_file=ARM_NB_FILE,
+        target=LITE,
     )
 
 

@@ -65,14 +65,21 @@ def make_target(export: Path, target: str, out: Path) -> dict:
     except TargetError:
         shutil.rmtree(out, ignore_errors=True)
         raise
+    return finish_target(
+        export, manifest, out, runtime=TARGET_RUNTIMES[target], model_file=ONNX_FILE, target=target
+    )
+
+
+def finish_target(export: Path, manifest: dict, out: Path, **fields) -> dict:
+    """A target's folder completed: the export's vocabulary (and CRF transitions) carried into
+    ``out`` beside the converted model, and its manifest written: the export's fields (labels,
+    lengths, tokenizer…) but its files and runtime, with ``fields`` (runtime, model_file…)."""
     carried = [manifest["tokenizer"]["vocab"], manifest.get("crf_file")]
     for name in filter(None, carried):
         shutil.copy(export / name, out / name)
     dropped = {"format", "files", "runtime", *PATH_FIELDS} - {"crf_file"}
-    fields = {k: v for k, v in manifest.items() if k not in dropped}
-    return write_manifest(
-        out, **fields, runtime=TARGET_RUNTIMES[target], model_file=ONNX_FILE, target=target
-    )
+    kept = {k: v for k, v in manifest.items() if k not in dropped}
+    return write_manifest(out, **{**kept, **fields})
 
 
 def _paddle_to_onnx(export: Path, manifest: dict, onnx_file: Path) -> None:
