@@ -300,7 +300,15 @@ def model_download(request: HttpRequest, model_version_id: int) -> HttpResponse:
 
 @team_view()
 def models_compare(request: HttpRequest) -> HttpResponse:
-    ids = [int(i) for i in request.GET.getlist("ids") if i.isdigit()]
+    given = request.GET.getlist("ids")
+    ids = list(dict.fromkeys(int(i) for i in given if i.isdigit() and len(i) <= 18))
+    if len(ids) > MAX_COMPARED:
+        messages.warning(
+            request,
+            _("At most %(n)d versions are compared: the first %(n)d are shown.")
+            % {"n": MAX_COMPARED},
+        )
+        ids = ids[:MAX_COMPARED]
     versions = selectors.model_versions_get(request.team, ids) if ids else []
     keys = sorted({k for v in versions for k in v.metrics if k != "support"})
     hp_keys = sorted({k for v in versions for k in v.hyperparameters})
@@ -326,6 +334,9 @@ def models_compare(request: HttpRequest) -> HttpResponse:
             else 0,
         },
     )
+
+
+MAX_COMPARED = 12  # versions side by side: a readable page, and a bounded one
 
 
 def _differ(values: list) -> bool:

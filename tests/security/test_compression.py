@@ -79,3 +79,22 @@ def test_a_student_is_never_another_teams_base_model(make_user, make_team, tmp_p
     said = response.content.decode()
     assert "No student named" in said and "imported as a base model (none)" in said
     assert not TrainingJob.objects.exists()
+
+
+def test_the_compare_page_is_bounded_and_shows_only_the_teams_versions(
+    make_user, make_team, tmp_path
+):
+    alice, mallory = make_user("alice"), make_user("mallory")
+    team_a = make_team("Alpha", {alice: Role.OWNER})
+    team_b = make_team("Bravo", {mallory: Role.OWNER})
+    theirs = stored_model(team_a, alice, tmp_path / "a")
+    mine = [stored_model(team_b, mallory, tmp_path / f"b{i}", number=i + 1) for i in range(13)]
+    client = Client(HTTP_ACCEPT_LANGUAGE="en")
+    client.force_login(mallory)
+    url = f"/t/{team_b.slug}/models/compare/"
+    assert client.get(url, {"ids": [mine[0].pk, theirs.pk]}).status_code == 404
+    # Thirteen versions: twelve shown, and said so; a number of 5,000 digits is no id.
+    response = client.get(url, {"ids": [m.pk for m in mine] + ["9" * 5000]})
+    assert response.status_code == 200
+    assert len(response.context["versions"]) == 12
+    assert "At most 12 versions are compared" in response.content.decode()
