@@ -25,7 +25,7 @@ from runtime.compress import MODES
 from runtime.kinds import GENERATIVE_KINDS
 from runtime.presets import CPU_TRANSFORMER, presets_for, recommended
 from runtime.spec import Hyperparameters
-from training.jobs import no_node_reason, training_job_enqueue
+from training.jobs import _validated_hyperparameters, no_node_reason, training_job_enqueue
 from training.models import BaseModel, ModelVersion, TrainingJob
 from training.registry import model_version_targets
 from training.selectors import team_base_models
@@ -121,13 +121,19 @@ def compression_submit(
     mode: str = "dynamic",
     calibration_rows: int = 200,
     student: str = "",
+    hyperparameters: dict | None = None,
 ) -> TrainingJob:
     """Queue the compression of ``version`` (found in the actor's team by a selector) on a
     CPU train worker: INT8 quantization, or distillation into ``student`` (by default the
-    small transformer, ``DEFAULT_STUDENT``)."""
+    small transformer, ``DEFAULT_STUDENT``). ``hyperparameters``: the student's, over the ones
+    recommended for it (a distillation's only: quantization trains nothing)."""
     team = version.team
     student = student or DEFAULT_STUDENT
     compression_checks(version, method, mode, calibration_rows, student)
+    if hyperparameters and method != TrainingJob.Objective.DISTILL:
+        raise ValidationError(
+            _("Hyperparameters are a student's: INT8 quantization trains nothing.")
+        )
     base_model = None
     known = Hyperparameters.__dataclass_fields__
     if method == TrainingJob.Objective.INT8:
@@ -138,8 +144,11 @@ def compression_submit(
         data = {"method": method, "mode": mode}
     else:
         preset, base_model = student_of(version, student)
-        hp = recommended(version.task_kind, preset=preset or None)
-        hp.max_seq_length = int(version.hyperparameters.get("max_seq_length", hp.max_seq_length))
+        length = recommended(version.task_kind, preset=preset or None).max_seq_length
+        given = {"max_seq_length": int(version.hyperparameters.get("max_seq_length", length))}
+        hp = _validated_hyperparameters(
+            version.task_kind, preset or None, {**given, **(hyperparameters or {})}
+        )
         backend = base_model.backend if base_model else STUDENT_BACKEND
         name = f"{version} → {student}"
         data = {"method": method, "student": student}

@@ -238,6 +238,9 @@ class CompressSerializer(serializers.Serializer):
 
     method = serializers.ChoiceField(choices=["int8", "distill"], default="int8")
     student = serializers.CharField(max_length=100, required=False)
+    # The student's hyperparameters over its recommended ones (distill only), checked as a
+    # job's are.
+    hyperparameters = serializers.DictField(required=False)
     mode = serializers.ChoiceField(choices=list(QUANTIZATION_MODES), default="dynamic")
     calibration_rows = serializers.IntegerField(
         min_value=1, max_value=MAX_CALIBRATION_ROWS, default=200

@@ -257,6 +257,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
                 calibration_rows=_int_field(
                     request.POST.get("calibration_rows"), 200, _("Calibration rows")
                 ),
+                hyperparameters=_student_hyperparameters(request),
             )
         except ValidationError as exc:
             messages.error(request, error_text(exc))
@@ -341,6 +342,13 @@ MAX_COMPARED = 12  # versions side by side: a readable page, and a bounded one
 
 def _differ(values: list) -> bool:
     return len({json.dumps(x, sort_keys=True, default=str) for x in values}) > 1
+
+
+def _student_hyperparameters(request: HttpRequest) -> dict | None:
+    """The compress form's student epochs, for a distillation (blank: the recommended)."""
+    if request.POST.get("method") != "distill" or not request.POST.get("epochs"):
+        return None
+    return {"epochs": _int_field(request.POST.get("epochs"), 0, _("Student epochs"))}
 
 
 def _f1(entry) -> float | None:

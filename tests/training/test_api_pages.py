@@ -285,6 +285,14 @@ def test_the_compress_form_says_what_was_wrong_and_queues_nothing(
             {"method": "distill", "student": "nope"},
             "No student named “nope”",
         ),
+        "student epochs must be a number": (
+            {"method": "distill", "epochs": "many"},
+            "Student epochs must be a whole number, not “many”.",
+        ),
+        "no student epochs": (
+            {"method": "distill", "epochs": "0"},
+            "epochs ≥ 1",
+        ),
         "too many calibration rows": (
             {"method": "int8", "mode": "static", "calibration_rows": "999999"},
             "Calibration rows must be between 1 and 5000.",
@@ -294,3 +302,38 @@ def test_the_compress_form_says_what_was_wrong_and_queues_nothing(
         body = client.post(url, {"action": "compress", **post}, follow=True).content.decode()
         assert said in body, body[:2000]
     assert not TrainingJob.objects.exists()
+
+
+def test_a_students_hyperparameters_are_taken_and_checked_as_a_jobs(
+    client, team, owner, tmp_path, make_dataset
+):
+    model = stored_model(
+        team,
+        owner,
+        tmp_path,
+        dataset_version=make_dataset(),
+        hyperparameters={"max_seq_length": 64},
+    )
+    _token, key = api_token_create(actor=owner, name="ci")
+    url = f"/api/v1/teams/{team.slug}/models/{model.pk}/compress/"
+
+    def compress(body: dict):
+        return client.post(
+            url, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}"
+        )
+
+    wrong = {
+        "epochs ≥ 1": {"method": "distill", "hyperparameters": {"epochs": 0}},
+        "unknown hyperparameter(s): nope": {"method": "distill", "hyperparameters": {"nope": 1}},
+        "INT8 quantization trains nothing": {"method": "int8", "hyperparameters": {"epochs": 2}},
+    }
+    for said, body in wrong.items():
+        response = compress(body)
+        assert response.status_code == 400 and said in response.content.decode(), said
+    assert not TrainingJob.objects.exists()
+    body = {"method": "distill", "hyperparameters": {"epochs": 2, "learning_rate": 0.004}}
+    response = compress(body)
+    assert response.status_code == 201, response.content
+    job = TrainingJob.objects.get()
+    assert job.hyperparameters["epochs"] == 2 and job.hyperparameters["learning_rate"] == 0.004
+    assert job.hyperparameters["max_seq_length"] == 64  # the teacher's, unless given
