@@ -23,7 +23,7 @@ from console.services import audit_record
 from runtime.backends import available as available_backends
 from runtime.compress import MODES
 from runtime.kinds import GENERATIVE_KINDS
-from runtime.presets import CPU_TRANSFORMER, presets_for, recommended
+from runtime.presets import CPU_TRANSFORMER, presets_for
 from runtime.spec import Hyperparameters
 from training.jobs import _validated_hyperparameters, no_node_reason, training_job_enqueue
 from training.models import BaseModel, ModelVersion, TrainingJob
@@ -144,8 +144,8 @@ def compression_submit(
         data = {"method": method, "mode": mode}
     else:
         preset, base_model = student_of(version, student)
-        length = recommended(version.task_kind, preset=preset or None).max_seq_length
-        given = {"max_seq_length": int(version.hyperparameters.get("max_seq_length", length))}
+        # The teacher's max_seq_length unless given; the rest as recommended for the student.
+        given = {k: v for k, v in version.hyperparameters.items() if k == "max_seq_length"}
         hp = _validated_hyperparameters(
             version.task_kind, preset or None, {**given, **(hyperparameters or {})}
         )
