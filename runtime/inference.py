@@ -8,6 +8,7 @@ input names and the sha256 of every file; loading refuses a file whose hash diff
 
 import hashlib
 import json
+import platform
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -137,9 +138,51 @@ def _onnxruntime(export_dir: Path, manifest: dict, device: str):
 
 
 def _paddle_lite(export_dir: Path, manifest: dict, device: str):
-    from runtime.lite import paddle_lite_runtime  # a process of the lite venv (Python 3.10)
+    """Paddle Lite's runtime: in this process where ``paddlelite`` is installed (an edge
+    bundle's venv, Python 3.10), else in a process of the platform's lite venv. ``model.nb``
+    is the x86 model; an ARM machine runs ``arm_model_file``."""
+    arm = platform.machine().lower() in ("aarch64", "arm64") and "arm_model_file" in manifest
+    model_nb = export_dir / manifest["arm_model_file" if arm else "model_file"]
+    try:
+        from paddlelite.lite import MobileConfig, create_paddle_predictor
+    except ImportError:
+        from runtime.lite import paddle_lite_process
 
-    return paddle_lite_runtime(export_dir, manifest, device)
+        call = paddle_lite_process(model_nb)
+    else:
+        config = MobileConfig()
+        config.set_model_from_file(str(model_nb))
+        predictor = create_paddle_predictor(config)
+        names = predictor.get_input_names()
+
+        def call(feed: dict[str, np.ndarray]) -> np.ndarray:
+            for i, name in enumerate(names):
+                tensor = np.ascontiguousarray(feed[name], dtype="int64")
+                predictor.get_input(i).from_numpy(tensor)
+            predictor.run()
+            return predictor.get_output(0).numpy()
+
+    if manifest.get("rows") != "one_unpadded":
+        return call
+    return _one_row_at_a_time(call)
+
+
+def _one_row_at_a_time(call):
+    """A program that reads no sequence lengths (a BiGRU for Paddle Lite): each row alone, cut
+    after its last id that is not [PAD] (0); its padding scores 0."""
+
+    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+        ids = feed["input_ids"]
+        rows = []
+        for i in range(len(ids)):
+            n = int(np.flatnonzero(ids[i]).max(initial=0)) + 1
+            rows.append(call({k: v[i : i + 1, :n] for k, v in feed.items()})[0])
+        logits = np.zeros((*ids.shape, rows[0].shape[-1]), dtype=rows[0].dtype)
+        for i, row in enumerate(rows):
+            logits[i, : len(row)] = row
+        return logits
+
+    return run
 
 
 RUNTIMES: dict[str, Runtime] = {

@@ -6,7 +6,15 @@ A member is a ``str``: it equals, and hashes as, its value, so a kind read from 
 manifest or a database row is found in a dict or set keyed by members.
 """
 
-from enum import StrEnum
+from enum import Enum
+
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10, where a Paddle Lite edge bundle runs this module
+
+    class StrEnum(str, Enum):  # type: ignore[no-redef]  # noqa: UP042  # 3.11's, for 3.10
+        def __str__(self) -> str:
+            return str(self.value)
 
 
 class TaskKind(StrEnum):

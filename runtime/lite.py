@@ -168,26 +168,26 @@ def _receive(stream) -> bytes | None:
     return stream.read(struct.unpack("<Q", head)[0])
 
 
-def paddle_lite_runtime(export_dir: Path, manifest: dict, device: str):
-    """A ``runtime.inference`` runtime: the ``.nb`` model served by Paddle Lite's x86 runtime
-    in a process of the lite venv (``lite_convert serve``), which lives as long as the
-    returned function."""
+def paddle_lite_process(model_nb: Path):
+    """A call of the ``.nb`` model (``{input name: array}`` → logits) served by Paddle Lite's
+    runtime in a process of the lite venv (``lite_convert serve``), which lives as long as the
+    returned function (``runtime.inference`` runs it)."""
     python = lite_python()
     if python is None:
         raise RuntimeError(NO_LITE)
     errors = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [str(python), "-I", str(SCRIPT), "serve", str(export_dir / manifest["model_file"])],
+        [str(python), "-I", str(SCRIPT), "serve", str(model_nb)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=errors,
     )
-    unpadded = manifest.get("rows") == "one_unpadded"
     lock = threading.Lock()  # one request at a time on the pipe
 
     def call(feed: dict[str, np.ndarray]) -> np.ndarray:
         request = io.BytesIO()
-        np.savez(request, **feed)  # type: ignore[arg-type]  # numpy's stub: arrays by name
+        inputs = {k: feed[k] for k in ("input_ids", "token_type_ids") if k in feed}
+        np.savez(request, **inputs)  # type: ignore[arg-type]  # numpy's stub: arrays by name
         try:
             with lock:
                 _send(proc.stdin, request.getvalue())
@@ -200,23 +200,6 @@ def paddle_lite_runtime(export_dir: Path, manifest: dict, device: str):
             raise RuntimeError("the Paddle Lite predictor stopped: " + " ".join(tail))
         return np.load(io.BytesIO(answer))["logits"]
 
-    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
-        inputs: dict[str, np.ndarray] = {
-            k: feed[k] for k in ("input_ids", "token_type_ids") if k in feed
-        }
-        if not unpadded:
-            return call(inputs)
-        # Each row alone, cut at its last id that is not [PAD] (0); its padding scores 0.
-        ids = inputs["input_ids"]
-        rows = []
-        for i in range(len(ids)):
-            n = int(np.flatnonzero(ids[i]).max(initial=0)) + 1
-            rows.append(call({k: v[i : i + 1, :n] for k, v in inputs.items()})[0])
-        logits = np.zeros((*ids.shape, rows[0].shape[-1]), dtype=rows[0].dtype)
-        for i, row in enumerate(rows):
-            logits[i, : len(row)] = row
-        return logits
-
     def stop(proc=proc, errors=errors) -> None:
         if proc.stdin:
             proc.stdin.close()
@@ -226,5 +209,5 @@ def paddle_lite_runtime(export_dir: Path, manifest: dict, device: str):
             proc.kill()
         errors.close()
 
-    weakref.finalize(run, stop)
-    return run
+    weakref.finalize(call, stop)
+    return call

@@ -18,16 +18,25 @@ RUNTIME_DIR = Path(runtime.inference.__file__).parent
 # The platform's prediction code, which imports nothing else of it (numpy only).
 RUNTIME_MODULES = ("__init__.py", "kinds.py", "tokenizer.py", "data.py", "inference.py")
 PREDICT = RUNTIME_DIR / "edge" / "predict.py"
-REQUIREMENTS_FILE = Path(__file__).resolve().parent.parent / "platform/requirements/runtime.txt"
-# What each runtime needs installed, pinned as the platform's runtime venv has it.
-# A target whose runtime is not here has no edge bundle: Paddle Lite's predictor runs on
-# Python 3.10, which the bundled runtime/ code does not.
-NEEDS = {"onnxruntime": ("numpy", "onnxruntime"), "paddle_inference": ("numpy", "paddlepaddle")}
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "platform/requirements"
+# What each runtime needs installed, pinned as the platform's venv that runs it has it, and
+# the Pythons it runs on (paddlelite's wheels stop at 3.10; the bundled code runs on 3.10+).
+NEEDS = {
+    "onnxruntime": ("numpy", "onnxruntime"),
+    "paddle_inference": ("numpy", "paddlepaddle"),
+    "paddle_lite": ("numpy", "paddlelite"),
+}
+PINNED_IN = {"paddle_lite": REQUIREMENTS / "lite.txt"}
+PYTHONS = {"paddle_lite": "Python 3.10, where paddlelite's wheels stop"}
+NOTES = {
+    "paddle_lite": "- `model/model.nb` is for x86 machines, `model/model.arm.nb` for ARM "
+    "devices:\n  the predictor picks the one for the machine it runs on.\n"
+}
 
 README = """# {name} · {target} edge bundle
 
 The model version {name} ({task_kind}; labels: {labels}) as its {target} target, with a
-predictor that needs only {runtime} and numpy (Python 3.11 or later): no platform, no Django.
+predictor that needs only {runtime} and numpy ({python}): no platform, no Django.
 
     python -m venv venv && venv/bin/pip install -r requirements.txt
     venv/bin/python predict.py --check              # the examples give the expected outputs
@@ -42,7 +51,7 @@ An input is a text (a JSON string), {{"text": "…"}}, or for a text pair
 - `runtime/`: the platform's own tokenising, windowing and decoding code, so that long texts,
   pairs and entity spans come out exactly as on the platform.
 - `examples.jsonl`, `expected.jsonl`: test inputs and the outputs the evaluated model gave.
-"""
+{notes}"""
 
 OUTPUTS = {
     "text_classification": '{"label", "score", "scores"}',
@@ -52,14 +61,15 @@ OUTPUTS = {
 }
 
 
-def _pins(names: tuple[str, ...]) -> list[str]:
-    """``name==version`` of each name as the runtime venv pins it."""
+def _pins(runtime_name: str) -> list[str]:
+    """``name==version`` of each package ``runtime_name`` needs, as the platform pins it."""
     pins = {}
-    for line in REQUIREMENTS_FILE.read_text("utf-8").splitlines():
+    pinned_in = PINNED_IN.get(runtime_name, REQUIREMENTS / "runtime.txt")
+    for line in pinned_in.read_text("utf-8").splitlines():
         name, _, version = line.partition("==")
         if version and not line.startswith("#"):
             pins[name.strip().lower()] = f"{name.strip()}=={version.strip()}"
-    return [pins.get(name, name) for name in names]
+    return [pins.get(name, name) for name in NEEDS[runtime_name]]
 
 
 def _add_bytes(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -95,7 +105,7 @@ def edge_bundle(version: ModelVersion, target: str, out) -> bool:
         for name, values in lines.items():
             text = "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in values)
             _add_bytes(tf, top + name, text.encode())
-        requirements = "\n".join(_pins(NEEDS.get(runtime_name, ("numpy",)))) + "\n"
+        requirements = "\n".join(_pins(runtime_name)) + "\n"
         _add_bytes(tf, top + "requirements.txt", requirements.encode())
         readme = README.format(
             name=str(version),
@@ -103,6 +113,8 @@ def edge_bundle(version: ModelVersion, target: str, out) -> bool:
             task_kind=version.task_kind,
             labels=", ".join(version.labels),
             runtime=runtime_name,
+            python=PYTHONS.get(runtime_name, "Python 3.11, as the platform runs it"),
+            notes=NOTES.get(runtime_name, ""),
             output=OUTPUTS.get(version.task_kind, "a JSON object"),
         )
         _add_bytes(tf, top + "README.md", readme.encode())

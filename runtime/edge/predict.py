@@ -1,5 +1,5 @@
 """Predictions of the model in ``model/`` beside this file, with nothing but its runtime
-(ONNX Runtime or Paddle Inference) and numpy: no platform, no Django.
+(ONNX Runtime, Paddle Inference or Paddle Lite) and numpy: no platform, no Django.
 
     python predict.py inputs.jsonl > outputs.jsonl   # one JSON input a line (or stdin)
     python predict.py --check                         # examples.jsonl against expected.jsonl

@@ -5,6 +5,7 @@ x86, ``model.arm.nb`` for ARM devices, the manifest with their sha256s), and a l
 whose files were changed after the runner checked them is not kept."""
 
 import io
+import subprocess
 import tarfile
 
 import pytest
@@ -102,20 +103,51 @@ def test_a_lite_target_changed_after_the_runner_checked_it_is_not_kept(
     assert not model_version_target_archive(version, "lite", io.BytesIO())
 
 
-def test_a_lite_target_offers_no_edge_bundle_and_says_why(
-    client, team, owner, make_dataset, lite_workdir
+def test_a_lite_edge_bundle_reproduces_the_reports_predictions_in_a_clean_python_310_venv(
+    client, team, owner, make_dataset, lite_workdir, tmp_path
 ):
+    """Downloaded through the API, unpacked, installed into an empty venv of Python 3.10 with
+    nothing but paddlelite and numpy: its predictor gives the report's outputs."""
     version = model_version_register(_job(team, owner, make_dataset, lite_workdir), lite_workdir)
     client.force_login(owner)
     page = reverse("training:model", kwargs={"team": team.slug, "model_version_id": version.pk})
-    html = client.get(page).content.decode()
-    assert 'data-testid="download-lite"' in html and 'data-testid="edge-lite"' not in html
-    assert 'data-testid="edge-onnx"' in html
+    assert 'data-testid="edge-lite"' in client.get(page).content.decode()
     _token, key = api_token_create(actor=owner, name="ci")
     response = client.get(
         f"/api/v1/teams/{team.slug}/models/{version.pk}/download/",
         {"target": "lite", "bundle": "edge"},
         HTTP_AUTHORIZATION=f"Bearer {key}",
     )
-    assert response.status_code == 404
-    assert "has no edge bundle" in response.json()["detail"], response.content
+    assert response.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content))) as tf:
+        tf.extractall(tmp_path / "edge", filter="data")
+    bundle = tmp_path / "edge" / "lite-edge"
+    assert (bundle / "model" / "model.arm.nb").is_file()
+    assert "Python 3.10" in (bundle / "README.md").read_text("utf-8")
+    requirements = (bundle / "requirements.txt").read_text("utf-8").split()
+    assert requirements == ["numpy==1.26.4", "paddlelite==2.13rc0"]
+
+    venv = tmp_path / "venv"  # from the lite venv's base interpreter: a bare Python 3.10
+    subprocess.run([str(lite.lite_python()), "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "-r", str(bundle / "requirements.txt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    checked = subprocess.run(
+        [python, "-I", str(bundle / "predict.py"), "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    examples = len(version.evaluation["examples"])
+    assert examples and f"{examples} of {examples} examples as expected" in checked.stdout
+    frozen = subprocess.run(
+        [python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+    ).stdout.lower()
+    assert "paddlepaddle" not in frozen and "django" not in frozen
