@@ -5,9 +5,10 @@ and x86 devices, made and run by a venv of its own (paddlelite's wheels stop at 
 Paddle Lite's ``opt`` reads only legacy programs (``.pdmodel``), and Paddle 3 writes only PIR
 ones (its legacy IR no longer traces these models). A legacy export converts as it is; a PIR
 export of a fast model (``runtime.backends.paddle_models``) is rebuilt from the job's trained
-weights (``best/`` beside ``export/``) by Paddle 2.6 in the lite venv, then converted. An
-ERNIE export has no lite target. A BiGRU's program reads no sequence lengths: its rows are run
-one at a time without their padding (``rows`` in the manifest). ``model.nb`` is for x86 (the
+weights (``best/`` beside ``export/``) by Paddle 2.6 in the lite venv, then converted; so is
+a PaddleNLP ERNIE classifier or tagger (``lite_convert``'s ``Ernie``). A BiGRU's program
+reads no sequence lengths: its rows are run one at a time without their padding (``rows`` in
+the manifest). ``model.nb`` is for x86 (the
 one the agreement check runs here), ``model.arm.nb`` for ARM devices.
 
 What ``opt`` cannot convert (an operator Paddle Lite lacks) fails the target with the
@@ -29,6 +30,7 @@ import numpy as np
 
 from runtime.env import env_str
 from runtime.inference import read_manifest
+from runtime.lite_convert import architecture_of
 from runtime.targets import TargetError, finish_target  # which imports this module lazily
 
 LITE = "lite"
@@ -42,7 +44,12 @@ SCRIPT = Path(__file__).with_name("lite_convert.py")
 ROOT = Path(__file__).resolve().parents[1]
 # The architectures the lite venv rebuilds (lite_convert._networks), and those among them
 # whose rows are served one at a time, unpadded (a recurrent layer).
-REBUILT = ("ngram_bag", "bigru_crf")
+REBUILT = (
+    "ngram_bag",
+    "bigru_crf",
+    "ErnieForSequenceClassification",
+    "ErnieForTokenClassification",
+)
 UNPADDED = ("bigru_crf",)
 NO_LITE = "no Python 3.10 on this node (no lite venv: .venv-lite, or LITE_PYTHON)"
 
@@ -106,7 +113,7 @@ def _legacy_program(
     checkpoint = checkpoint or export.parent / "best"
     config = checkpoint / "config.json"
     architecture = (
-        json.loads(config.read_text("utf-8")).get("architecture") if config.is_file() else None
+        architecture_of(json.loads(config.read_text("utf-8"))) if config.is_file() else None
     )
     model_file = export / manifest["model_file"]
     if model_file.suffix == ".pdmodel":  # a legacy export (Paddle 2): as it is
@@ -114,7 +121,8 @@ def _legacy_program(
     if architecture not in REBUILT:
         raise TargetError(
             "Paddle Lite reads no PIR program and Paddle 3 writes no other: the lite target "
-            f"rebuilds the fast models ({', '.join(REBUILT)}) from their trained weights, "
+            f"rebuilds the fast models and ERNIE ({', '.join(REBUILT)}) from their trained "
+            "weights, "
             + (f"not a {architecture} model" if architecture else f"which {checkpoint} lacks")
         )
     stem = tmp / "inference"

@@ -3,8 +3,9 @@
 paddlelite, numpy, safetensors), nothing of the platform.
 
 - ``legacy CHECKPOINT OUT_STEM``: a fast model (``runtime.backends.paddle_models``: its
-  ``config.json`` and safetensors) rebuilt here for inference and saved as a legacy program
-  (``OUT_STEM.pdmodel``): Paddle Lite's ``opt`` reads no PIR program, and Paddle 3 writes no
+  ``config.json`` and safetensors) or a PaddleNLP ERNIE classifier or tagger (its
+  ``config.json`` and ``model.safetensors``) rebuilt here for inference and saved as a legacy
+  program (``OUT_STEM.pdmodel``): Paddle Lite's ``opt`` reads no PIR program, and Paddle 3 writes no
   other (its legacy IR no longer traces these models). The networks are those of
   ``paddle_models`` at inference (no dropout), with what Paddle 2.6 or ``opt`` would trip on
   written another way: no 0-d constants (``_no_0d_constants``), no empty slices, chained
@@ -19,6 +20,7 @@ paddlelite, numpy, safetensors), nothing of the platform.
   output out (``logits``).
 """
 
+import functools
 import io
 import json
 import struct
@@ -188,7 +190,67 @@ def _networks() -> dict:
                 emissions = emissions + total(features)
             return emissions
 
-    return {"ngram_bag": NgramBag, "bigru_crf": BiGRUCRF}
+    class Ernie(nn.Layer):
+        """PaddleNLP's ``ErnieForSequenceClassification`` / ``ErnieForTokenClassification``
+        at inference, from its ``config.json``, with the same parameter names: PaddleNLP
+        builds it of ``nn.TransformerEncoderLayer``, as here (Paddle 2.6 has no PaddleNLP)."""
+
+        def __init__(self, token: bool, **c) -> None:
+            super().__init__()
+            h = c["hidden_size"]
+            self.token, self.pad = token, c.get("pad_token_id", 0)
+            self.task_id = c.get("task_id", 0) if c.get("use_task_id") else None
+            self.ernie = nn.Layer()
+            e = self.ernie.embeddings = nn.Layer()
+            e.word_embeddings = nn.Embedding(c["vocab_size"], h)
+            e.position_embeddings = nn.Embedding(c["max_position_embeddings"], h)
+            if c.get("type_vocab_size", 2) > 0:
+                e.token_type_embeddings = nn.Embedding(c.get("type_vocab_size", 2), h)
+            if self.task_id is not None:
+                e.task_type_embeddings = nn.Embedding(c.get("task_type_vocab_size", 3), h)
+            e.layer_norm = nn.LayerNorm(h)  # PaddleNLP's default epsilon, not layer_norm_eps
+            layer = nn.TransformerEncoderLayer(
+                h,
+                c["num_attention_heads"],
+                c["intermediate_size"],
+                dropout=0.0,
+                activation=c.get("hidden_act", "gelu"),
+                normalize_before=False,
+            )
+            self.ernie.encoder = nn.TransformerEncoder(layer, c["num_hidden_layers"])
+            if not token:
+                self.ernie.pooler = nn.Layer()
+                self.ernie.pooler.dense = nn.Linear(h, h)
+            self.classifier = nn.Linear(h, len(c["id2label"]))
+
+        def forward(self, input_ids, token_type_ids):
+            e = self.ernie.embeddings
+            ones = paddle.ones_like(input_ids)
+            x = e.word_embeddings(input_ids) + e.position_embeddings(
+                paddle.cumsum(ones, axis=-1) - ones
+            )
+            if hasattr(e, "token_type_embeddings"):
+                x = x + e.token_type_embeddings(token_type_ids)
+            if self.task_id is not None:
+                x = x + e.task_type_embeddings(ones * self.task_id)
+            x = e.layer_norm(x)
+            padding = (input_ids == self.pad).astype("float32") * -1e4
+            x = self.ernie.encoder(x, paddle.unsqueeze(padding, axis=[1, 2]))
+            if self.token:
+                return self.classifier(x)
+            return self.classifier(paddle.tanh(self.ernie.pooler.dense(x[:, 0])))
+
+    return {
+        "ngram_bag": NgramBag,
+        "bigru_crf": BiGRUCRF,
+        "ErnieForSequenceClassification": functools.partial(Ernie, False),
+        "ErnieForTokenClassification": functools.partial(Ernie, True),
+    }
+
+
+def architecture_of(config: dict) -> str | None:
+    """A fast model's ``architecture``, or a PaddleNLP model's class (``architectures``)."""
+    return config.get("architecture") or next(iter(config.get("architectures") or []), None)
 
 
 def legacy(checkpoint: Path, out_stem: Path) -> None:
@@ -198,7 +260,8 @@ def legacy(checkpoint: Path, out_stem: Path) -> None:
 
     paddle.set_device("cpu")
     config = json.loads((checkpoint / "config.json").read_text("utf-8"))
-    architecture = config.pop("architecture")
+    architecture = architecture_of(config)
+    config.pop("architecture", None)
     networks = _networks()
     if architecture not in networks:
         raise SystemExit(f"no lite network for the {architecture!r} architecture")
@@ -212,7 +275,7 @@ def legacy(checkpoint: Path, out_stem: Path) -> None:
     model.set_state_dict({k: v for k, v in weights.items() if k in own})
     model.eval()
     specs = [InputSpec([None, None], "int64", name="input_ids")]
-    if config.get("pair"):
+    if config.get("pair") or "architectures" in config:  # ERNIE reads token types
         specs.append(InputSpec([None, None], "int64", name="token_type_ids"))
     static = paddle.jit.to_static(model, input_spec=specs)
     paddle.jit.save(static, str(out_stem))

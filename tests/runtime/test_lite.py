@@ -1,7 +1,7 @@
-"""The lite target (runtime.lite): a trained fast model's export converted to Paddle Lite's
-``model.nb`` in the lite venv (Python 3.10, paddlelite), run by Paddle Lite's x86 runtime and
-deciding as the Paddle Inference export decides; an operator Paddle Lite lacks fails the
-target with its name; a node without the lite venv fails it saying so."""
+"""The lite target (runtime.lite): a trained export (a fast model's or an ERNIE's) converted
+to Paddle Lite's ``model.nb`` in the lite venv (Python 3.10, paddlelite), run by Paddle Lite's
+x86 runtime and deciding as the Paddle Inference export decides; an operator Paddle Lite lacks
+fails the target with its name; a node without the lite venv fails it saying so."""
 
 import json
 import subprocess
@@ -19,7 +19,13 @@ from runtime.presets import recommended
 from runtime.targets import TargetError, decision, make_targets
 from tests.helpers.workdir import make_workdir
 
-PRESET = {"text_classification": "ngram-bag-char", "ner": "bigru-crf-char"}
+# The models the lite venv rebuilds: the fast presets and ERNIE, for a label and for tags.
+MODELS = {
+    "fast-classifier": ("text_classification", "ngram-bag-char"),
+    "fast-tagger": ("ner", "bigru-crf-char"),
+    "ernie-classifier": ("text_classification", "ernie-micro-char"),
+    "ernie-tagger": ("ner", "ernie-micro-char"),
+}
 # Small tables: the conversion and the test stay fast.
 SMALL = {"embedding_size": 32, "hidden_size": 32, "buckets": 4000, "wide_buckets": 4096}
 
@@ -28,33 +34,39 @@ needs_lite = pytest.mark.skipif(lite.lite_python() is None, reason="no lite venv
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict[str, Path]:
-    """A trained export of each kind (its workdir), without the other targets."""
+    """A trained export of each model (its workdir), without the other targets."""
     mp = pytest.MonkeyPatch()
     mp.setattr(runner, "emit", lambda *a, **k: None)
     mp.setattr(runner, "_targets", lambda *a: {})
-    root = tmp_path_factory.mktemp("lite")
     workdirs = {}
     try:
-        for kind, preset in PRESET.items():
+        for name, (kind, preset) in MODELS.items():
             hp = recommended(kind, preset=preset)
             workdir, spec = make_workdir(
-                root, kind, sizes=(120, 20, 40), learning_rate=hp.learning_rate, epochs=4
+                tmp_path_factory.mktemp(name),
+                kind,
+                sizes=(120, 20, 40),
+                learning_rate=hp.learning_rate,
+                epochs=4,
             )
             spec.backend, spec.preset = "paddle", preset
-            config = {k: v for k, v in SMALL.items() if kind == "ner" or k != "hidden_size"}
-            spec.model_config = config
+            if name.startswith("fast"):
+                spec.model_config = {
+                    k: v for k, v in SMALL.items() if kind == "ner" or k != "hidden_size"
+                }
             spec.save(workdir)
             runner.run(workdir)
-            workdirs[kind] = workdir
+            workdirs[name] = workdir
     finally:
         mp.undo()
     return workdirs
 
 
 @needs_lite
-@pytest.mark.parametrize("kind", list(PRESET))
-def test_the_lite_model_decides_as_the_export(trained, kind, tmp_path):
-    workdir = trained[kind]
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_lite_model_decides_as_the_export(trained, name, tmp_path):
+    workdir = trained[name]
+    kind, _preset = MODELS[name]
     export = workdir / "export"
     out = tmp_path / "lite"
     manifest = lite.make_lite(export, out)
@@ -62,10 +74,10 @@ def test_the_lite_model_decides_as_the_export(trained, kind, tmp_path):
     assert manifest["runtime"] == "paddle_lite" and manifest["target"] == "lite"
     assert manifest["model_file"] == "model.nb" and (out / "model.nb").stat().st_size > 0
     assert set(manifest["files"]) == {"model.nb", "model.arm.nb", "vocab.txt"} | (
-        {"crf.json"} if kind == "ner" else set()
+        {"crf.json"} if name == "fast-tagger" else set()
     )
     assert read_manifest(out)["files"] == manifest["files"]  # every sha256 holds
-    assert ("rows" in manifest) == (kind == "ner")  # a GRU's rows go one at a time
+    assert ("rows" in manifest) == (name == "fast-tagger")  # a GRU's rows go one at a time
 
     rows = load_split(workdir, "test", kind)
     served = Predictor.load(export).predict(rows)
@@ -79,7 +91,7 @@ def test_a_job_makes_every_target_and_checks_each_on_the_report_rows(
     trained, tmp_path, monkeypatch
 ):
     # As the runner does at a job's end (runtime.run._targets), for the targets the node makes.
-    workdir = trained["text_classification"]
+    workdir = trained["fast-classifier"]
     rows = load_split(workdir, "test", "text_classification")
     preds = Predictor.load(workdir / "export").predict(rows)
     made = make_targets(workdir / "export", tmp_path / "targets", rows, preds)
@@ -137,7 +149,9 @@ def test_an_operator_lite_lacks_fails_the_target_with_its_name(tmp_path):
 def test_an_export_with_no_weights_to_rebuild_fails_saying_why(trained, tmp_path):
     # A PIR program converts only from the trained weights of a fast model.
     with pytest.raises(TargetError, match="rebuilds the fast models"):
-        lite.make_lite(trained["ner"] / "export", tmp_path / "lite", tmp_path / "no-weights")
+        lite.make_lite(
+            trained["fast-tagger"] / "export", tmp_path / "lite", tmp_path / "no-weights"
+        )
 
 
 def test_a_node_without_the_lite_venv_fails_the_target(tmp_path, monkeypatch):
