@@ -1,11 +1,12 @@
 """Generation from an exported causal LM (runtimes ``paddle_generate`` and ``torch_generate``):
 the one engine that the serving host's replicas, the evaluation and the benchmark run.
 
-A batch of requests is generated together (static batching): the prompts are left-padded and
-prefilled once, then each step decodes one token for every row with the key/value cache, and
-each request ends on its own (a stop token, one of its stop strings, or its token limit) while
-the others go on. Each step reports what every request's text grew by, so the caller can
-stream it. Sampling is per request (temperature, top-p, seed); temperature 0 is greedy.
+Requests are generated together in a ``Batch`` (continuous batching): a request joins the
+running rows at the next step (its prompt prefilled, its key/value cache appended to theirs,
+left-padded) and leaves as soon as it ends (a stop token, one of its stop strings, or its token
+limit), while the others go on; each step decodes one token for every row and reports what
+every request's text grew by, so the caller can stream it. Sampling is per request
+(temperature, top-p, seed); temperature 0 is greedy.
 """
 
 import json
@@ -71,7 +72,7 @@ class _Stream:
         self.request = request
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.sent = 0
+        self.text = ""  # what has been sent
         self.finish: str | None = None
         self.rng = np.random.default_rng(request.seed)
         self.hold = max((len(s) for s in request.stop), default=1) - 1
@@ -83,7 +84,7 @@ class _Stream:
             self.ids.append(token)
         text = self.tokenizer.decode(self.ids)
         for s in self.request.stop:
-            found = text.find(s, max(0, self.sent - len(s)))
+            found = text.find(s, max(0, len(self.text) - len(s)))
             if found != -1:
                 text, self.finish = text[:found], "stop"
         if self.finish is None and len(self.ids) >= self.request.max_tokens:
@@ -94,8 +95,8 @@ class _Stream:
                 end = min(end, len(text) - 1)
         else:
             end = len(text)
-        piece = text[self.sent : max(end, self.sent)]
-        self.sent += len(piece)
+        piece = text[len(self.text) : max(end, len(self.text))]
+        self.text += piece
         return Delta(self.request.id, piece, self.finish, len(self.ids))
 
 
@@ -117,6 +118,10 @@ class Generator:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.prompt_ids(messages)
 
+    def batch(self) -> "Batch":
+        """An empty batch that requests join and leave as they come (continuous batching)."""
+        return Batch(self.lm, self.tokenizer)
+
     def generate(
         self,
         requests: list[GenerationRequest],
@@ -128,40 +133,93 @@ class Generator:
 def generate(
     lm, tokenizer: ChatTokenizer, requests: list[GenerationRequest], on_step=None
 ) -> list[str]:
-    """Generate for every request together with ``lm`` (``forward(ids, mask, positions,
-    cache) → (last logits, cache)``); ``on_step`` gets each step's deltas. Returns the
-    completions."""
-    stop_ids = set(tokenizer.stop_ids)
-    streams = [_Stream(r, tokenizer) for r in requests]
-    width = max(len(r.prompt_ids) for r in requests)
-    pad = tokenizer.pad_id
-    ids = np.full((len(requests), width), pad, dtype="int64")
-    mask = np.zeros_like(ids)
-    for i, r in enumerate(requests):
-        ids[i, width - len(r.prompt_ids) :] = r.prompt_ids
-        mask[i, width - len(r.prompt_ids) :] = 1
-    positions = position_ids(mask)
-    logits, cache = lm.forward(ids, mask, positions, None)
-    texts = [""] * len(requests)
-    for _ in range(max(r.max_tokens for r in requests)):
-        tokens = np.full(len(requests), pad, dtype="int64")
-        deltas = []
-        for i, s in enumerate(streams):
-            if s.finish is not None:
-                continue
-            tokens[i] = sample(logits[i], s.request.temperature, s.request.top_p, s.rng)
-            delta = s.add(int(tokens[i]), stop_ids)
-            texts[i] += delta.text
-            if delta.text or delta.finish_reason:
-                deltas.append(delta)
+    """Generate for every request together with ``lm``; ``on_step`` gets each step's deltas.
+    Returns the completions."""
+    batch = Batch(lm, tokenizer)
+    streams = batch.add(requests)
+    while len(batch):
+        deltas = batch.step()
         if on_step is not None and deltas:
             on_step(deltas)
-        if all(s.finish is not None for s in streams):
-            break
-        mask = np.concatenate([mask, np.ones((len(requests), 1), "int64")], axis=1)
-        positions = positions[:, -1:] + 1
-        logits, cache = lm.forward(tokens[:, None], mask, positions, cache)
-    return texts
+    return [s.text for s in streams]
+
+
+def _left_pad(a: np.ndarray, n: int) -> np.ndarray:
+    return np.pad(a, ((0, 0), (n, 0))) if n else a
+
+
+class Batch:
+    """The rows generating together, with continuous batching: requests join at the next step
+    (``add``: their prompts prefilled together, their key/value cache left-padded to the
+    running one's length and appended) and leave as soon as they are done (``step``), each row
+    with its own positions and attention mask, so that a row decodes as it would alone. ``lm``:
+    ``forward(ids, mask, positions, cache) → (last logits, cache)`` and the cache's ``select``
+    (rows), ``trim`` (leading columns) and ``join`` (two caches, each left-padded)."""
+
+    def __init__(self, lm, tokenizer: ChatTokenizer) -> None:
+        self.lm, self.tokenizer = lm, tokenizer
+        self.stop_ids = set(tokenizer.stop_ids)
+        self.streams: list[_Stream] = []
+        self.cache = None
+        self.mask: np.ndarray = np.zeros((0, 0), "int64")  # [rows, cache columns]: 1 if real
+        self.positions: np.ndarray = np.zeros((0, 1), "int64")  # each row's next position
+        self.logits: np.ndarray = np.zeros((0, 0), "float32")  # [rows, vocabulary]: next
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def add(self, requests: list[GenerationRequest]) -> list["_Stream"]:
+        """Prefill the requests' prompts; they sample their first token at the next step."""
+        pad = self.tokenizer.pad_id
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = np.full((len(requests), width), pad, dtype="int64")
+        mask = np.zeros_like(ids)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids) :] = r.prompt_ids
+            mask[i, width - len(r.prompt_ids) :] = 1
+        positions = position_ids(mask)
+        logits, cache = self.lm.forward(ids, mask, positions, None)
+        streams = [_Stream(r, self.tokenizer) for r in requests]
+        if not self.streams:
+            self.cache, self.mask, self.logits = cache, mask, logits
+            self.positions = positions[:, -1:] + 1
+        else:
+            columns = max(self.mask.shape[1], width)
+            extra, extra_new = columns - self.mask.shape[1], columns - width
+            self.cache = self.lm.join(self.cache, extra, cache, extra_new)
+            self.mask = np.concatenate([_left_pad(self.mask, extra), _left_pad(mask, extra_new)])
+            self.positions = np.concatenate([self.positions, positions[:, -1:] + 1])
+            self.logits = np.concatenate([self.logits, logits])
+        self.streams += streams
+        return streams
+
+    def step(self) -> list[Delta]:
+        """Every row's next token; the rows that are done leave, the others decode it."""
+        tokens: np.ndarray = np.zeros(len(self.streams), dtype="int64")
+        deltas = []
+        for i, s in enumerate(self.streams):
+            tokens[i] = sample(self.logits[i], s.request.temperature, s.request.top_p, s.rng)
+            delta = s.add(int(tokens[i]), self.stop_ids)
+            if delta.text or delta.finish_reason:
+                deltas.append(delta)
+        keep = [i for i, s in enumerate(self.streams) if s.finish is None]
+        if len(keep) < len(self.streams):
+            self.streams = [self.streams[i] for i in keep]
+            if not keep:
+                self.cache = None
+                return deltas
+            tokens, self.mask, self.positions = tokens[keep], self.mask[keep], self.positions[keep]
+            self.cache = self.lm.select(self.cache, keep)
+            padding = int(np.argmax(self.mask.any(axis=0)))  # columns every row pads
+            if padding:
+                self.mask = self.mask[:, padding:]
+                self.cache = self.lm.trim(self.cache, padding)
+        self.mask = np.concatenate([self.mask, np.ones((len(keep), 1), "int64")], axis=1)
+        self.logits, self.cache = self.lm.forward(
+            tokens[:, None], self.mask, self.positions, self.cache
+        )
+        self.positions = self.positions + 1
+        return deltas
 
 
 class TorchLM:
@@ -206,6 +264,36 @@ class TorchLM:
             )
         return out.logits[:, -1].float().cpu().numpy(), out.past_key_values
 
+    # The cache as transformers' legacy layers: per layer (key, value), [rows, heads, columns, dim].
+    def _layers(self, cache) -> tuple:
+        return cache.to_legacy_cache() if hasattr(cache, "to_legacy_cache") else cache
+
+    def _cache(self, layers):
+        from transformers import DynamicCache
+
+        return DynamicCache.from_legacy_cache(tuple(tuple(kv) for kv in layers))
+
+    def select(self, cache, rows: list[int]):
+        index = self.torch.tensor(rows, device=self.device)
+        return self._cache([[t.index_select(0, index) for t in kv] for kv in self._layers(cache)])
+
+    def trim(self, cache, columns: int):
+        return self._cache([[t[:, :, columns:] for t in kv] for kv in self._layers(cache)])
+
+    def join(self, cache, pad: int, other, other_pad: int):
+        def padded(t, n):  # n columns of zeros before the first (dim -2)
+            return self.torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
+
+        return self._cache(
+            [
+                [
+                    self.torch.cat([padded(a, pad), padded(b, other_pad)])
+                    for a, b in zip(x, y, strict=True)
+                ]
+                for x, y in zip(self._layers(cache), self._layers(other), strict=True)
+            ]
+        )
+
 
 class PaddleLM:
     """A PaddleNLP causal LM (or a LoRA-wrapped one, in training) as the engine runs it."""
@@ -244,3 +332,27 @@ class PaddleLM:
                 return_dict=True,
             )
         return out.logits[:, -1].astype("float32").numpy(), out.past_key_values
+
+    # PaddleNLP's cache: per layer (key, value), [rows, columns, heads, dim].
+    def select(self, cache, rows: list[int]):
+        index = self.paddle.to_tensor(rows, dtype="int64")
+        return tuple(tuple(self.paddle.index_select(t, index, axis=0) for t in kv) for kv in cache)
+
+    def trim(self, cache, columns: int):
+        return tuple(tuple(t[:, columns:] for t in kv) for kv in cache)
+
+    def join(self, cache, pad: int, other, other_pad: int):
+        paddle = self.paddle
+
+        def padded(t, n):  # n columns of zeros before the first (axis 1)
+            if not n:
+                return t
+            return paddle.concat([paddle.zeros([t.shape[0], n, *t.shape[2:]], t.dtype), t], 1)
+
+        return tuple(
+            tuple(
+                paddle.concat([padded(a, pad), padded(b, other_pad)])
+                for a, b in zip(x, y, strict=True)
+            )
+            for x, y in zip(cache, other, strict=True)
+        )

@@ -1,0 +1,64 @@
+"""Continuous batching in the generation engine (``runtime.generation.Batch``), on a causal LM
+trained by the job runner on each backend: requests that join a running batch at later steps,
+with prompts of other lengths and other token limits, generate exactly what each generates
+alone, and a request that is done leaves the batch at once."""
+
+from pathlib import Path
+
+import pytest
+
+import runtime.run as runner
+from runtime.generation import GenerationRequest, Generator
+from tests.runtime.test_llm_runner import workdir
+
+QUESTIONS = ["1加2等于几？", "请问3加4等于几？请写出计算过程。", "5加6？", "7加8等于几？"]
+
+
+@pytest.fixture(scope="module", params=["paddle", "torch"])
+def generator(request, tmp_path_factory) -> Generator:
+    directory = workdir(
+        tmp_path_factory.mktemp(request.param), request.param, epochs=2, eval_generations=0
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setattr(runner, "emit", lambda *a, **k: None)
+    try:
+        runner.run(directory)
+    finally:
+        mp.undo()
+    return Generator(Path(directory) / "export")
+
+
+def test_requests_join_a_running_batch_and_each_generates_as_it_would_alone(generator):
+    g = generator
+    requests = [
+        GenerationRequest(
+            g.chat_prompt([{"role": "user", "content": q}]),
+            max_tokens=limit,
+            temperature=0,
+            id=i,
+        )
+        for i, (q, limit) in enumerate(zip(QUESTIONS, (12, 6, 16, 3), strict=True))
+    ]
+    def run(joins: dict[int, list[GenerationRequest]]) -> tuple[dict[int, str], list[int]]:
+        """Requests joining one batch at the steps given; their texts and the batch's size at
+        each step. No stop token: each runs to its limit, so who is in the batch is known."""
+        batch = g.batch()
+        batch.stop_ids = set()
+        texts = {r.id: "" for group in joins.values() for r in group}
+        sizes, step = [], 0
+        while len(batch) or step <= max(joins):
+            if step in joins:
+                batch.add(joins[step])
+            sizes.append(len(batch))
+            for delta in batch.step():
+                texts[delta.id] += delta.text
+            step += 1
+        return texts, sizes
+
+    alone = [run({0: [r]})[0][r.id] for r in requests]
+    assert any(len(set(text)) > 2 for text in alone)  # it generates something to compare
+    # Two start; the third joins at step 2, the fourth at step 4.
+    texts, sizes = run({0: requests[:2], 2: requests[2:3], 4: requests[3:]})
+    assert [texts[r.id] for r in requests] == alone
+    # Each left at its limit (12, 6, 16, 3 tokens): the batch shrank as they did.
+    assert sizes == [2, 2, 3, 3, 4, 4, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]
