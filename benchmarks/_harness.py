@@ -400,12 +400,15 @@ class Host:
             sys.exit(f"{method} {path}: {exc.code} {exc.read()[:500]!r}")
         return json.loads(raw) if raw else {}
 
-    def load(self, key: str, export: Path, max_batch_size: int, max_wait_ms: float) -> dict:
+    def load(
+        self, key: str, export: Path, max_batch_size: int, max_wait_ms: float, **extra
+    ) -> dict:
         config = {
             "export_dir": str(export),
             "replicas": 1,
             "max_batch_size": max_batch_size,
             "max_wait_ms": max_wait_ms,
+            **extra,
         }
         self.manage("PUT", f"/manage/revisions/{key}", config)
         deadline = time.monotonic() + 120

@@ -19,8 +19,19 @@ figures are medians over rounds. Tokens/s count the completion tokens of the 8 r
 the wall time from the first request to the last token; time to first token runs from a
 client's sending its request to reading the first content chunk.
 
-Aim: endpoint / bare ≥ 0.7. Ends with one JSON line: bare_tokens_per_s,
-endpoint_tokens_per_s, ratio, ttft_p50_ms.
+Then continuous against static batching (issue #22), on the same host and model: 16 clients,
+each sending requests one after another (a closed loop) with prompts of several lengths and
+``max_tokens`` from 8 to 128 (the model runs to its limit, so output lengths are mixed),
+against a revision with continuous batching (the engine: a request joins the running batch at
+the next step) and one with ``"batching": "static"`` (the engine before it: a batch is taken
+when the last one is done), max_batch_size 16 both; rounds alternate them. Tokens/s count every
+completion token over the round's wall time; time to first token runs from sending a request
+to its first content chunk, queueing included.
+
+Aims: endpoint / bare ≥ 0.7; continuous ≥ 2× static tokens/s with a lower TTFT. Ends with one
+JSON line: bare_tokens_per_s, endpoint_tokens_per_s, ratio, ttft_p50_ms,
+continuous_tokens_per_s, static_tokens_per_s, continuous_vs_static, ttft_p50_ms_continuous,
+ttft_p50_ms_static.
 """
 
 import argparse
@@ -182,13 +193,86 @@ def endpoint_round(port: int, api_key: str, max_tokens: int) -> tuple[float, lis
     return sum(o["tokens"] for o in outs) / elapsed, [o["ttft_ms"] for o in outs if o["ttft_ms"]]
 
 
+# The mixed load: each client's requests, (question, max_tokens), in its own order.
+MIXED_QUESTIONS = ["1加2？", "请问3加4等于几？", "请问5加6等于几？请写出计算过程。", "7加8等于几？"]
+MIXED_TOKENS = (8, 128, 16, 64, 32, 96)
+
+
+def mixed_round(port: int, api_key: str, clients: int, per_client: int, scale: float):
+    """``clients`` closed-loop clients, ``per_client`` requests each: tokens/s over the round,
+    and every request's time to first token."""
+    outs: list[dict] = []
+
+    def client(i: int) -> None:
+        for j in range(per_client):
+            question = MIXED_QUESTIONS[(i + j) % len(MIXED_QUESTIONS)]
+            tokens = max(1, int(MIXED_TOKENS[(i * 5 + j) % len(MIXED_TOKENS)] * scale))
+            out: dict = {}
+            stream_one(port, api_key, question, tokens, out)
+            outs.append(out)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = max(o["done"] for o in outs) - started
+    return sum(o["tokens"] for o in outs) / elapsed, [o["ttft_ms"] for o in outs if o["ttft_ms"]]
+
+
+def continuous_against_static(host: Host, export: Path, args) -> dict:
+    keys = {}
+    for mode in ("continuous", "static"):
+        host.load(f"rev-{mode}", export, max_batch_size=16, max_wait_ms=20, batching=mode)
+        keys[mode] = "mpe_" + secrets.token_urlsafe(24)
+    rates: dict[str, list[float]] = {"continuous": [], "static": []}
+    ttfts: dict[str, list[float]] = {"continuous": [], "static": []}
+    for i in range(args.rounds + 1):  # the first round warms both up
+        for mode in ("continuous", "static"):
+            host.route(f"rev-{mode}", keys[mode])
+            rate, ttft = mixed_round(
+                host.port, keys[mode], args.clients, args.per_client, args.token_scale
+            )
+            if i:
+                rates[mode].append(rate)
+                ttfts[mode] += ttft
+        if i:
+            print(
+                f"mixed round {i}: continuous {rates['continuous'][-1]:.1f} tokens/s, static "
+                f"{rates['static'][-1]:.1f} tokens/s",
+                flush=True,
+            )
+    continuous, static = (statistics.median(rates[m]) for m in ("continuous", "static"))
+    return {
+        "continuous_tokens_per_s": round(continuous, 1),
+        "static_tokens_per_s": round(static, 1),
+        "continuous_vs_static": round(continuous / static, 3),
+        "ttft_p50_ms_continuous": round(statistics.median(ttfts["continuous"]), 1),
+        "ttft_p50_ms_static": round(statistics.median(ttfts["static"]), 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rows", type=int, default=81, help="training rows (sums), 81 at most")
+    parser.add_argument("--clients", type=int, default=16, help="of the mixed load")
+    parser.add_argument("--per-client", type=int, default=6, help="requests of each client")
+    parser.add_argument("--token-scale", type=float, default=1.0, help="× the max_tokens mix")
     # --smoke: one step of training, one round of a few tokens.
-    args = parse(parser, smoke={"rounds": 1, "max_tokens": 4, "rows": 5})
+    args = parse(
+        parser,
+        smoke={
+            "rounds": 1,
+            "max_tokens": 4,
+            "rows": 5,
+            "clients": 4,
+            "per_client": 2,
+            "token_scale": 0.1,
+        },
+    )
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
         tmp = Path(tmp)
         print("training the model (LLaMA architecture, hidden 256, 4 layers) …", flush=True)
@@ -214,9 +298,11 @@ def main() -> None:
             described = host.manage("GET", "/manage/state")["revisions"]["rev-bench"]
             print(
                 f"the endpoint generated {described['batched_inputs']} requests in "
-                f"{described['batches']} batches",
+                f"{described['batches']} admissions",
                 flush=True,
             )
+            host.manage("DELETE", "/manage/revisions/rev-bench")
+            mixed = continuous_against_static(host, export, args)
         finally:
             bare.close()
             host.stop()
@@ -228,6 +314,7 @@ def main() -> None:
             "endpoint_tokens_per_s": round(endpoint_rate, 1),
             "ratio": round(endpoint_rate / bare_rate, 3),
             "ttft_p50_ms": round(statistics.median(ttfts), 1),
+            **mixed,
         }
     )
 

@@ -118,9 +118,9 @@ class Generator:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.prompt_ids(messages)
 
-    def batch(self) -> "Batch":
+    def batch(self, static: bool = False) -> "Batch":
         """An empty batch that requests join and leave as they come (continuous batching)."""
-        return Batch(self.lm, self.tokenizer)
+        return Batch(self.lm, self.tokenizer, static)
 
     def generate(
         self,
@@ -156,8 +156,11 @@ class Batch:
     ``forward(ids, mask, positions, cache) → (last logits, cache)`` and the cache's ``select``
     (rows), ``trim`` (leading columns) and ``join`` (two caches, each left-padded)."""
 
-    def __init__(self, lm, tokenizer: ChatTokenizer) -> None:
+    def __init__(self, lm, tokenizer: ChatTokenizer, static: bool = False) -> None:
         self.lm, self.tokenizer = lm, tokenizer
+        # Static batching, the engine before this one: rows that are done stay in the batch
+        # (decoding padding) until every row is; the benchmark's baseline.
+        self.static = static
         self.stop_ids = set(tokenizer.stop_ids)
         self.streams: list[_Stream] = []
         self.cache = None
@@ -193,16 +196,27 @@ class Batch:
         self.streams += streams
         return streams
 
+    def cancel(self, ids: set[int]) -> None:
+        """The requests of these ids leave at the next step, their clients gone."""
+        for s in self.streams:
+            if s.request.id in ids and s.finish is None:
+                s.finish = "cancelled"
+
     def step(self) -> list[Delta]:
         """Every row's next token; the rows that are done leave, the others decode it."""
         tokens: np.ndarray = np.zeros(len(self.streams), dtype="int64")
         deltas = []
         for i, s in enumerate(self.streams):
+            if s.finish is not None:  # cancelled (or, static, done): it leaves below
+                continue
             tokens[i] = sample(self.logits[i], s.request.temperature, s.request.top_p, s.rng)
             delta = s.add(int(tokens[i]), self.stop_ids)
             if delta.text or delta.finish_reason:
                 deltas.append(delta)
         keep = [i for i, s in enumerate(self.streams) if s.finish is None]
+        if self.static and keep:
+            keep = list(range(len(self.streams)))
+            tokens[[i for i, s in enumerate(self.streams) if s.finish]] = self.tokenizer.pad_id
         if len(keep) < len(self.streams):
             self.streams = [self.streams[i] for i in keep]
             if not keep:

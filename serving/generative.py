@@ -1,20 +1,31 @@
-"""A generative revision on the serving host: causal-LM processes that generate for batches of
-requests and stream each request's text as it grows.
+"""A generative revision on the serving host: causal-LM processes that generate for the
+requests they hold and stream each request's text as it grows.
 
-Requests wait in one queue. When a process is free, its loop takes the oldest request and
-more until ``max_batch_size`` are in hand or ``max_wait_ms`` has passed since the oldest
-arrived, and generates for them together (``runtime.generation``: static batching, each
-request ending on its own stop). Each step's deltas come back over the pipe and go to the
-requests' own queues, which the HTTP handlers stream from. Requests that arrive meanwhile wait
-for the next batch.
+Continuous batching: each process runs one ``runtime.generation.Batch``. Requests wait in the
+revision's queue; a process's admission loop sends it the oldest ones whenever it holds fewer
+than ``max_batch_size``, and they join its running batch at the next decoding step (their
+prompts prefilled, their key/value caches appended), each leaving it as soon as it is done, so
+a short request never waits for a long one. Each step's deltas come back over the pipe, read by
+a thread per process, and go to the requests' own queues, which the HTTP handlers stream from.
+A client that goes away cancels its request: it leaves the batch at the next step.
+
+``"batching": "static"`` in a revision's config runs the engine as it was before, kept as the
+benchmark's baseline (``benchmarks/generation.py``): requests are admitted only when the
+process's batch is empty (up to ``max_batch_size``, waiting ``max_wait_ms`` for them), and rows
+that are done stay in the batch until all are.
 """
 
 import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import cast
 
 from runtime.chat import ChatTokenizer
 from runtime.generation import Delta, GenerationRequest
@@ -23,7 +34,10 @@ from serving.revision import PredictError, Revision
 
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
-    """The generation process: load, warm up with a full batch, then generate per message."""
+    """The generation process: load, warm up with a full batch, then run the batch: what the
+    host sends joins it (``{"join": [requests], "static": …}``) or leaves it (``{"cancel":
+    [ids]}``) at the next step, and each step's deltas go back, until it is empty and the
+    process waits again."""
 
     def load():
         from runtime.generation import Generator
@@ -33,13 +47,32 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
         generator.generate(
             [GenerationRequest(prompt, max_tokens=4, temperature=0)] * max_batch_size
         )
+        batch = generator.batch()
 
-        def handle(batch: list[dict]) -> None:
-            generator.generate(
-                [GenerationRequest(**r) for r in batch],
-                lambda deltas: send(conn, ("step", [asdict(d) for d in deltas])),
-            )
-            send(conn, ("done", None))
+        def take(message) -> None:
+            nonlocal batch
+            if message is None:
+                sys.exit(0)  # the host stops the process
+            if "cancel" in message:
+                batch.cancel(set(message["cancel"]))
+                return
+            if not len(batch) and batch.static != message["static"]:
+                batch = generator.batch(message["static"])
+            batch.add([GenerationRequest(**r) for r in message["join"]])
+
+        def handle(message) -> None:
+            nonlocal batch
+            try:
+                take(message)
+                while len(batch):
+                    while conn.poll():
+                        take(conn.recv())
+                    deltas = batch.step()
+                    if deltas:
+                        send(conn, ("step", [asdict(d) for d in deltas]))
+            except Exception:
+                batch = generator.batch()  # its requests are failed by the host
+                raise
 
         return handle
 
@@ -50,23 +83,26 @@ class GenerationReplica(Replica):
     target = "serving.generative"
     name = "generator"
 
-    def generate(self, requests: list[dict], on_step) -> None:
-        """Send one batch and pass each step's deltas to ``on_step`` until it is done."""
+    def submit(self, message: dict) -> None:
+        """``{"join": [requests], "static": bool}`` or ``{"cancel": [ids]}``; RuntimeError if
+        the process is gone."""
         with self.lock:
             try:
-                self.conn.send(requests)
-                while True:
-                    kind, payload = receive(self.conn)
-                    if kind == "step":
-                        on_step([Delta(**d) for d in payload])
-                    elif kind == "done":
-                        return
-                    else:
-                        raise RuntimeError(payload)
-            except (EOFError, OSError, ValueError):
+                self.conn.send(message)
+            except (OSError, ValueError):
                 raise RuntimeError(
                     f"the generation process died (exit code {self.exitcode})"
                 ) from None
+
+    def read(self) -> tuple[str, object]:
+        """The process's next message (blocks): ("step", deltas), ("error", why), or
+        ("died", why) when the pipe is gone."""
+        try:
+            return receive(self.conn)
+        except (EOFError, OSError, ValueError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=2)  # reaped, so that it reads as dead
+            return "died", f"the generation process died (exit code {self.exitcode})"
 
 
 class Waiting:
@@ -76,14 +112,15 @@ class Waiting:
         self.request = request
         self.arrived = arrived
         self.deltas: asyncio.Queue = asyncio.Queue()
+        self.gone = False  # its client went away
 
     def wanted(self) -> bool:
-        return True
+        return not self.gone
 
 
 class GenerativeRevision(Revision):
-    """Generation instead of prediction; loading, readiness, restarts and unloading are the
-    predictive revision's."""
+    """Generation instead of prediction; loading, readiness and unloading are the predictive
+    revision's."""
 
     replica_class = GenerationReplica
 
@@ -92,6 +129,10 @@ class GenerativeRevision(Revision):
         self.tokenizer: ChatTokenizer | None = None
         self.context_length = 0
         self.next_id = 0
+        self.static = self.config.get("batching") == "static"
+        # Per process: the requests it is generating (by id), and an event set when one ends.
+        self.running: list[dict[int, Waiting]] = []
+        self.freed: list[asyncio.Event] = []
 
     async def load(self) -> None:
         await super().load()
@@ -104,39 +145,145 @@ class GenerativeRevision(Revision):
             self.context_length = int(config.get("max_position_embeddings") or 2048)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        """The request's deltas as its batch generates them; the last has ``finish_reason``."""
+        """The request's deltas as its batch generates them; the last has ``finish_reason``.
+        Closed early (its client gone), the request leaves the queue or its batch."""
         self.next_id += 1
         request.id = self.next_id
         waiting = Waiting(request, time.monotonic())
         self.queue.put_nowait(waiting)
+        finished = False
+        try:
+            while True:
+                item = await waiting.deltas.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                waiting.gone = True
+                self._cancel(request.id)
+
+    def _cancel(self, request_id: int) -> None:
+        for index, running in enumerate(self.running):
+            if running.pop(request_id, None) is not None:
+                self.freed[index].set()
+                replica = self._replica_at(index)
+                asyncio.get_running_loop().run_in_executor(
+                    self.pool, self._submit_quietly, replica, {"cancel": [request_id]}
+                )
+
+    @staticmethod
+    def _submit_quietly(replica: GenerationReplica, message: dict) -> None:
+        try:
+            replica.submit(message)
+        except RuntimeError:
+            pass  # the process is gone: its reader fails what it held
+
+    async def _serve(self, index: int) -> None:
+        """Process ``index``'s admission loop: the oldest waiting requests join its batch
+        whenever it has room (static batching: when it is empty)."""
+        loop = asyncio.get_running_loop()
+        self.running.append({})
+        self.freed.append(asyncio.Event())
+        running, freed = self.running[index], self.freed[index]
+        self._start_reader(index, loop)
         while True:
-            item = await waiting.deltas.get()
-            if isinstance(item, Exception):
-                raise item
-            yield item
-            if item.finish_reason is not None:
-                return
+            replica = self._replica_at(index)
+            full = len(running) >= self.max_batch_size or (self.static and running)
+            if full or not replica.alive:
+                freed.clear()
+                await freed.wait()
+                continue
+            batch = await self._admit(self.max_batch_size - len(running), bool(running))
+            if not batch:
+                continue
+            self.batches += 1
+            self.batched_inputs += len(batch)
+            for w in batch:
+                running[w.request.id] = w
+            message = {"join": [asdict(w.request) for w in batch], "static": self.static}
+            try:
+                await loop.run_in_executor(self.pool, replica.submit, message)
+            except RuntimeError:
+                pass  # the reader sees the process gone and fails what it held
 
-    # Its queue holds only Waiting (stream() fills it) and its replicas are GenerationReplica.
-    async def _run(self, replica: GenerationReplica, batch: list[Waiting]) -> None:  # type: ignore[override]
-        """One batch generated together: each step's deltas go to their requests' queues."""
-        loop = asyncio.get_running_loop()
-        by_id = {w.request.id: w for w in batch}
+    async def _admit(self, room: int, running: bool) -> list[Waiting]:
+        """Up to ``room`` waiting requests: the oldest, then those already queued; into an
+        empty batch, as many more as come within ``max_wait_ms`` of the oldest."""
+        first = await self.queue.get()
+        batch = [first]
+        deadline = first.arrived + (0.0 if running and not self.static else self.max_wait_s)
+        while len(batch) < room:
+            if not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+                continue
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), timeout))
+            except TimeoutError:
+                break
+        return [w for w in batch if w.wanted()]
 
-        def on_step(deltas: list[Delta]) -> None:
-            for d in deltas:
-                loop.call_soon_threadsafe(by_id[d.id].deltas.put_nowait, d)
+    def _replica_at(self, index: int) -> GenerationReplica:
+        return cast(GenerationReplica, self.replicas[index])  # replica_class makes them
 
-        requests = [asdict(w.request) for w in batch]
-        await loop.run_in_executor(self.pool, replica.generate, requests, on_step)
+    def _start_reader(self, index: int, loop: asyncio.AbstractEventLoop) -> None:
+        replica = self._replica_at(index)
 
-    def _fail(self, batch: list[Waiting], error: PredictError) -> None:  # type: ignore[override]
-        # After the deltas already scheduled from the generation thread.
-        loop = asyncio.get_running_loop()
-        for w in batch:
-            loop.call_soon(w.deltas.put_nowait, error)
+        def read() -> None:  # a thread: until the process's pipe is gone
+            while True:
+                kind, payload = replica.read()
+                try:
+                    loop.call_soon_threadsafe(self._on_message, index, replica, kind, payload)
+                except RuntimeError:
+                    return  # the host's loop is closed: it is shutting down
+                if kind == "died":
+                    return
+
+        threading.Thread(target=read, name=f"{self.key}-reader-{index}", daemon=True).start()
+
+    def _on_message(self, index: int, replica: GenerationReplica, kind: str, payload) -> None:
+        """In the event loop: a process's deltas to their requests, or its failure to all it
+        held (and a dead process replaced)."""
+        if replica is not self.replicas[index]:
+            return  # a replaced process's last words
+        running = self.running[index]
+        if kind == "step":
+            for d in payload:
+                delta = Delta(**d)
+                waiting = running.get(delta.id)
+                if waiting is None:
+                    continue  # cancelled meanwhile
+                waiting.deltas.put_nowait(delta)
+                if delta.finish_reason is not None:
+                    del running[delta.id]
+                    self.freed[index].set()
+            return
+        why = "the revision was unloaded" if self.state == "unloading" else str(payload)
+        for waiting in running.values():
+            waiting.deltas.put_nowait(PredictError(why))
+        running.clear()
+        self.freed[index].set()
+        if kind == "died" and self.state == "ready":
+            asyncio.get_running_loop().create_task(self._replace(index))
+
+    async def _replace(self, index: int) -> None:
+        await self._restart(index)
+        if self.state == "ready":
+            self._start_reader(index, asyncio.get_running_loop())
+            self.freed[index].set()
 
     async def unload(self) -> None:
         while not self.queue.empty():
             self.queue.get_nowait().deltas.put_nowait(PredictError("the revision was unloaded"))
         await super().unload()
+        for running in self.running:
+            for waiting in running.values():
+                waiting.deltas.put_nowait(PredictError("the revision was unloaded"))
+            running.clear()

@@ -1,8 +1,10 @@
 """Generative endpoints on the serving host process, called with the ``openai`` client: chat and
-completions, streaming and not, concurrent requests batched, per-request stops, OpenAI-style
-errors; answers equal the in-process engine's."""
+completions, streaming and not, concurrent requests batched (continuous batching: a request
+joins the batch in flight), per-request stops, OpenAI-style errors; answers equal the
+in-process engine's."""
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -104,6 +106,48 @@ def test_concurrent_requests_are_batched_and_each_stops_on_its_own(chat_host, fr
     assert expected[1].startswith(first.message.content)
     second = limited.result().choices[0]
     assert second.finish_reason == "length" and limited.result().usage.completion_tokens == 2
+
+
+def test_a_request_joins_the_running_batch_and_ends_before_a_long_one(chat_host, fresh_host):
+    """Continuous batching: a short request sent while a long one generates joins its batch
+    and is answered long before the long one ends (static batching made it wait), as it
+    would be alone."""
+    export = chat_host(max_batch_size=8, max_wait_ms=0)
+    api = openai_client(fresh_host)
+    short_expected = bare_generate(
+        export, [conversation(QUESTIONS[1])], max_tokens=6, temperature=0
+    )
+    events: list[str] = []
+    started = threading.Event()
+    usage = []
+
+    def long_one() -> None:
+        # A raw prompt this model continues greedily to its token limit.
+        for chunk in api.completions.create(
+            model="assistant",
+            prompt="等于等于等于",
+            max_tokens=64,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            if chunk.choices and chunk.choices[0].text:
+                started.set()
+            if chunk.usage:
+                usage.append(chunk.usage.completion_tokens)
+        events.append("long done")
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(long_one)
+        assert started.wait(30)
+        short = api.chat.completions.create(
+            model="assistant", messages=conversation(QUESTIONS[1]), max_tokens=6, temperature=0
+        )
+        events.append("short done")
+        running.result()
+    assert usage[0] >= 40  # long enough that a short request fits in its time many times
+    assert events == ["short done", "long done"]
+    assert short.choices[0].message.content == short_expected[0]
 
 
 def test_completions_and_sampling(chat_host, fresh_host):

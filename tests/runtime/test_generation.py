@@ -39,6 +39,7 @@ def test_requests_join_a_running_batch_and_each_generates_as_it_would_alone(gene
         )
         for i, (q, limit) in enumerate(zip(QUESTIONS, (12, 6, 16, 3), strict=True))
     ]
+
     def run(joins: dict[int, list[GenerationRequest]]) -> tuple[dict[int, str], list[int]]:
         """Requests joining one batch at the steps given; their texts and the batch's size at
         each step. No stop token: each runs to its limit, so who is in the batch is known."""
@@ -62,3 +63,60 @@ def test_requests_join_a_running_batch_and_each_generates_as_it_would_alone(gene
     assert [texts[r.id] for r in requests] == alone
     # Each left at its limit (12, 6, 16, 3 tokens): the batch shrank as they did.
     assert sizes == [2, 2, 3, 3, 4, 4, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]
+
+
+def test_a_cancelled_request_leaves_at_the_next_step_and_the_others_go_on(generator):
+    g = generator
+    requests = [
+        GenerationRequest(
+            g.chat_prompt([{"role": "user", "content": q}]), max_tokens=8, temperature=0, id=i
+        )
+        for i, q in enumerate(QUESTIONS[:2])
+    ]
+    batch = g.batch()
+    batch.stop_ids = set()
+    batch.add(requests)
+    texts = {0: "", 1: ""}
+    for _ in range(2):
+        for delta in batch.step():
+            texts[delta.id] += delta.text
+    batch.cancel({0})
+    after = batch.step()
+    assert len(batch) == 1 and {d.id for d in after} <= {1}
+    for delta in after:
+        texts[delta.id] += delta.text
+    while len(batch):
+        for delta in batch.step():
+            texts[delta.id] += delta.text
+    alone = g.batch()
+    alone.stop_ids = set()
+    alone.add([requests[1]])
+    expected = ""
+    while len(alone):
+        expected += "".join(d.text for d in alone.step())
+    assert texts[1] == expected
+
+
+def test_static_batching_keeps_the_rows_that_are_done_until_all_are(generator):
+    """The engine before continuous batching, kept as the benchmark's baseline."""
+    g = generator
+    requests = [
+        GenerationRequest(
+            g.chat_prompt([{"role": "user", "content": q}]), max_tokens=n, temperature=0, id=i
+        )
+        for i, (q, n) in enumerate(zip(QUESTIONS[:2], (3, 7), strict=True))
+    ]
+    texts: dict[int, str] = {0: "", 1: ""}
+    for static in (False, True):
+        batch = g.batch(static)
+        batch.stop_ids = set()
+        batch.add(requests)
+        sizes = []
+        while len(batch):
+            sizes.append(len(batch))
+            for delta in batch.step():
+                texts[delta.id] += delta.text
+        assert sizes == ([2] * 7 if static else [2, 2, 2, 1, 1, 1, 1])
+    first, second = texts.values()  # each request's text twice: the same both ways
+    assert first[: len(first) // 2] == first[len(first) // 2 :]
+    assert second[: len(second) // 2] == second[len(second) // 2 :]
