@@ -203,6 +203,8 @@ async def complete(
         except PredictError as exc:
             series.counts["errors"] += 1
             raise RequestError(str(exc), None, "generation_failed") from None
+        finally:
+            await deltas.aclose()
         finish(tokens, first)
         return protocol.JSONResponse(
             envelope([choice(text, reason, False)], usage=usage),
@@ -227,6 +229,8 @@ async def complete(
             series.counts["errors"] += 1
             yield _sse({"error": {"message": str(exc), "type": "server_error", "code": None}})
             return
+        finally:
+            await deltas.aclose()  # a client gone mid-stream: its request leaves the batch
         finish(tokens, first)
         if include_usage:
             yield _sse(envelope([], usage=usage))

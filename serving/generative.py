@@ -7,7 +7,9 @@ than ``max_batch_size``, and they join its running batch at the next decoding st
 prompts prefilled, their key/value caches appended), each leaving it as soon as it is done, so
 a short request never waits for a long one. Each step's deltas come back over the pipe, read by
 a thread per process, and go to the requests' own queues, which the HTTP handlers stream from.
-A client that goes away cancels its request: it leaves the batch at the next step.
+A client that goes away cancels its request: it leaves the batch at the next step. At most
+``max_queue`` requests wait (by default 4 per request the batches hold); beyond, the API
+answers 429 with a Retry-After from the recent requests' durations.
 
 ``"batching": "static"`` in a revision's config runs the engine as it was before, kept as the
 benchmark's baseline (``benchmarks/generation.py``): requests are admitted only when the
@@ -17,11 +19,12 @@ that are done stay in the batch until all are.
 
 import asyncio
 import contextlib
+import math
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -105,6 +108,9 @@ class GenerationReplica(Replica):
             return "died", f"the generation process died (exit code {self.exitcode})"
 
 
+QUEUE_PER_SLOT = 4  # the queue's default bound, per request a batch holds
+
+
 class Waiting:
     """A request in the revision's queue, and the queue its deltas go to."""
 
@@ -130,6 +136,11 @@ class GenerativeRevision(Revision):
         self.context_length = 0
         self.next_id = 0
         self.static = self.config.get("batching") == "static"
+        # Backpressure: at most this many requests wait (beyond it, 429 with Retry-After).
+        slots = self.max_batch_size * max(1, int(self.config["replicas"]))
+        self.max_queue = max(1, int(self.config.get("max_queue") or QUEUE_PER_SLOT * slots))
+        self.seconds_per_request = 1.0  # a moving average of arrival to the last token
+        self.cancelled = 0  # requests whose clients went away before their last token
         # Per process: the requests it is generating (by id), and an event set when one ends.
         self.running: list[dict[int, Waiting]] = []
         self.freed: list[asyncio.Event] = []
@@ -144,7 +155,24 @@ class GenerativeRevision(Revision):
             config = json.loads((export_dir / "config.json").read_text("utf-8"))
             self.context_length = int(config.get("max_position_embeddings") or 2048)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+    def describe(self) -> dict:
+        return {
+            **super().describe(),
+            "running": sum(len(r) for r in self.running),
+            "max_queue": self.max_queue,
+            "cancelled": self.cancelled,
+        }
+
+    def retry_after(self) -> int | None:
+        """None while requests may wait; when the queue is full, in how many seconds (by the
+        recent requests' durations) the requests ahead are likely served."""
+        waiting = self.queue.qsize()
+        if waiting < self.max_queue:
+            return None
+        slots = self.max_batch_size * max(1, len(self.replicas))
+        return max(1, math.ceil(self.seconds_per_request * waiting / slots))
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Delta, None]:
         """The request's deltas as its batch generates them; the last has ``finish_reason``.
         Closed early (its client gone), the request leaves the queue or its batch."""
         self.next_id += 1
@@ -165,6 +193,7 @@ class GenerativeRevision(Revision):
         finally:
             if not finished:
                 waiting.gone = True
+                self.cancelled += 1
                 self._cancel(request.id)
 
     def _cancel(self, request_id: int) -> None:
@@ -264,6 +293,8 @@ class GenerativeRevision(Revision):
                 if delta.finish_reason is not None:
                     del running[delta.id]
                     self.freed[index].set()
+                    took = time.monotonic() - waiting.arrived
+                    self.seconds_per_request += 0.1 * (took - self.seconds_per_request)
             return
         why = "the revision was unloaded" if self.state == "unloading" else str(payload)
         for waiting in running.values():

@@ -221,6 +221,15 @@ async def _openai(request: Request, chat: bool) -> Response:
             f"{name!r} is not a generative model: call POST /v1/endpoints/{name}:predict",
             param="model",
         )
+    retry_after = revision.retry_after()
+    if retry_after is not None:
+        series.counts["rate_limited"] += 1
+        return protocol.error(
+            429,
+            "queue_full",
+            f"{name!r} has {revision.queue.qsize()} requests waiting, as many as it queues",
+            headers={"Retry-After": str(retry_after)},
+        )
     try:
         return await chat_api.complete(request, body, name, revision, chat, series)
     except chat_api.RequestError as exc:
