@@ -3,6 +3,7 @@ from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
 from console.services import KEY_MAX_DAYS
+from deployment.models import MAX_TOKENS_DEFAULT, MAX_TOKENS_LIMIT
 from serving.engines import BUILTIN, ENGINES
 from training.models import ModelVersion
 
@@ -42,7 +43,18 @@ class DeployForm(KnobsForm):
     max_inputs = forms.IntegerField(
         min_value=1, max_value=256, initial=64, label=_("Inputs per request")
     )
+    max_tokens = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_TOKENS_LIMIT,
+        initial=MAX_TOKENS_DEFAULT,
+        label=_("Tokens per reply"),
+        help_text=_("Chat models: a reply's tokens at most; a request asking more gets this many."),
+        required=False,
+    )
     field_order = ["model_version", "name", "description"]
+
+    def clean_max_tokens(self) -> int:
+        return self.cleaned_data.get("max_tokens") or MAX_TOKENS_DEFAULT
 
     def __init__(self, *args, team, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -11,6 +11,10 @@ from console.models import Created, HashedKey, Team
 from runtime.kinds import GENERATIVE_KINDS
 from training.models import ModelVersion
 
+# An endpoint's cap on a generated reply's tokens: its default and the largest it may be.
+MAX_TOKENS_DEFAULT = 1024
+MAX_TOKENS_LIMIT = 32768
+
 
 class ServingHost(models.Model):
     """A serving host the platform knows (``SERVING_HOSTS``) and what it last reported."""
@@ -48,6 +52,12 @@ class Endpoint(Created):
         _("inputs per request"),
         default=64,
         validators=[MinValueValidator(1), MaxValueValidator(256)],
+    )
+    # Generative endpoints: a reply's tokens at most; a request asking more is capped to it.
+    max_tokens = models.PositiveIntegerField(
+        _("tokens per reply"),
+        default=MAX_TOKENS_DEFAULT,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_TOKENS_LIMIT)],
     )
 
     class Meta:

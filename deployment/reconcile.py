@@ -169,6 +169,7 @@ def host_reconcile(host: ServingHost) -> None:
                 "revisions": table,
                 "keys": keys,
                 "max_inputs": endpoint.max_inputs,
+                "max_tokens": endpoint.max_tokens,
                 # The platform's own calls (try-it, playground, pre-annotation) use this key.
                 "platform_key": platform_key_hash(endpoint.name),
             },

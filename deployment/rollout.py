@@ -18,7 +18,7 @@ from django.utils.translation import gettext as _
 from console.hardware import profiles
 from console.models import Team
 from console.services import audit_record
-from deployment.models import Endpoint, Revision
+from deployment.models import MAX_TOKENS_DEFAULT, MAX_TOKENS_LIMIT, Endpoint, Revision
 from deployment.quality import audit_data, compare_with_serving
 from deployment.reconcile import converge_soon
 from runtime.kinds import GENERATIVE_KINDS
@@ -113,6 +113,7 @@ def endpoint_deploy(
     max_batch_size: int = 32,
     max_wait_ms: float = 5.0,
     max_inputs: int = 64,
+    max_tokens: int = MAX_TOKENS_DEFAULT,
     engine: str = BUILTIN,
 ) -> Endpoint:
     """A new endpoint serving ``model_version`` with all of its traffic."""
@@ -120,12 +121,17 @@ def endpoint_deploy(
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
     if not 1 <= max_inputs <= 256:
         raise ValidationError(_("Inputs per request must be between 1 and 256."))
+    if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise ValidationError(
+            _("Tokens per reply must be between 1 and %(n)d.") % {"n": MAX_TOKENS_LIMIT}
+        )
     endpoint = Endpoint.objects.create(
         team=team,
         name=_endpoint_name(team, name.strip(), model_version),
         description=description,
         task_kind=model_version.task_kind,
         max_inputs=max_inputs,
+        max_tokens=max_tokens,
         created_by=actor,
     )
     revision = _new_revision(

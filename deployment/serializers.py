@@ -1,7 +1,14 @@
 from rest_framework import serializers
 
 from console.services import KEY_MAX_DAYS
-from deployment.models import Endpoint, EndpointKey, Placement, Revision
+from deployment.models import (
+    MAX_TOKENS_DEFAULT,
+    MAX_TOKENS_LIMIT,
+    Endpoint,
+    EndpointKey,
+    Placement,
+    Revision,
+)
 from runtime.chat import ROLES
 
 
@@ -74,6 +81,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "url",
             "stable_revision",
             "max_inputs",
+            "max_tokens",
             "created_at",
         ]
 
@@ -118,6 +126,11 @@ class DeploySerializer(KnobsSerializer):
         max_length=200, required=False, allow_blank=True, default=""
     )
     max_inputs = serializers.IntegerField(default=64, help_text="inputs per request, 1 to 256")
+    max_tokens = serializers.IntegerField(
+        default=MAX_TOKENS_DEFAULT,
+        help_text=f"generative models: a reply's tokens at most, 1 to {MAX_TOKENS_LIMIT}; "
+        "a request asking more is capped to it",
+    )
 
 
 class CanarySerializer(KnobsSerializer):

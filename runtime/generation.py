@@ -21,6 +21,8 @@ from runtime.inference import read_manifest
 from runtime.weights import refuse_pickles
 
 RUNTIMES = ("paddle_generate", "torch_generate")
+MIN_PREFIX = 16  # a shorter shared prefix is prefilled with the rest of its prompt
+PREFIX_CACHE = 8  # shared prefixes a batch keeps the cache of
 
 
 @dataclass
@@ -32,6 +34,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     id: int = 0
+    # The prompt's first tokens that other requests share (a system prompt): prefix-cached.
+    prefix_tokens: int = 0
 
 
 @dataclass
@@ -167,31 +171,75 @@ class Batch:
         self.mask: np.ndarray = np.zeros((0, 0), "int64")  # [rows, cache columns]: 1 if real
         self.positions: np.ndarray = np.zeros((0, 1), "int64")  # each row's next position
         self.logits: np.ndarray = np.zeros((0, 0), "float32")  # [rows, vocabulary]: next
+        # Shared prompt prefixes' caches (one row each), the most recently used last.
+        self.prefixes: dict[tuple[int, ...], object] = {}
+        self.prefix_hits = 0
 
     def __len__(self) -> int:
         return len(self.streams)
 
     def add(self, requests: list[GenerationRequest]) -> list["_Stream"]:
-        """Prefill the requests' prompts; they sample their first token at the next step."""
-        pad = self.tokenizer.pad_id
-        width = max(len(r.prompt_ids) for r in requests)
+        """Prefill the requests' prompts; they sample their first token at the next step. A
+        request's ``prefix_tokens`` (a system prompt the endpoint's requests share) are read
+        from the prefix cache when an earlier request prefilled them."""
+        groups: dict[tuple[int, ...], list[GenerationRequest]] = {}
+        for r in requests:
+            # At least the prompt's last token is prefilled: its logits pick the first token.
+            cut = min(r.prefix_tokens, len(r.prompt_ids) - 1)
+            key = tuple(r.prompt_ids[:cut]) if cut >= MIN_PREFIX else ()
+            groups.setdefault(key, []).append(r)
+        streams = []
+        for prefix, group in groups.items():
+            streams += self._append(group, *self._prefill(group, prefix))
+        order = {id(r): i for i, r in enumerate(requests)}
+        return sorted(streams, key=lambda s: order[id(s.request)])
+
+    def _prefill(self, requests: list[GenerationRequest], prefix: tuple[int, ...]):
+        """Logits, cache, mask and positions of the requests' prompts after ``prefix`` (whose
+        cache is the prefix cache's, prefilled once)."""
+        pad, start = self.tokenizer.pad_id, len(prefix)
+        cache = None
+        if prefix:
+            cache = self._prefix_cache(prefix)
+            cache = self.lm.select(cache, [0] * len(requests))  # a copy per row
+        width = max(len(r.prompt_ids) for r in requests) - start
         ids = np.full((len(requests), width), pad, dtype="int64")
-        mask = np.zeros_like(ids)
+        mask = np.zeros((len(requests), start + width), dtype="int64")
+        mask[:, :start] = 1
         for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids) :] = r.prompt_ids
-            mask[i, width - len(r.prompt_ids) :] = 1
-        positions = position_ids(mask)
-        logits, cache = self.lm.forward(ids, mask, positions, None)
+            rest = r.prompt_ids[start:]
+            ids[i, width - len(rest) :] = rest
+            mask[i, start + width - len(rest) :] = 1
+        positions = position_ids(mask)[:, start:]
+        logits, cache = self.lm.forward(ids, mask, positions, cache)
+        return logits, cache, mask, positions[:, -1:] + 1
+
+    def _prefix_cache(self, prefix: tuple[int, ...]):
+        cached = self.prefixes.pop(prefix, None)
+        if cached is None:
+            ids = np.asarray([prefix], dtype="int64")
+            mask = np.ones_like(ids)
+            _logits, cached = self.lm.forward(ids, mask, position_ids(mask), None)
+            cached = self.lm.select(cached, [0])  # its own copy, which no later call extends
+            if len(self.prefixes) >= PREFIX_CACHE:
+                self.prefixes.pop(next(iter(self.prefixes)))  # the least recently used
+        else:
+            self.prefix_hits += 1
+        self.prefixes[prefix] = cached
+        return cached
+
+    def _append(self, requests, logits, cache, mask, positions) -> list["_Stream"]:
+        """The prefilled requests become rows of the batch."""
         streams = [_Stream(r, self.tokenizer) for r in requests]
         if not self.streams:
-            self.cache, self.mask, self.logits = cache, mask, logits
-            self.positions = positions[:, -1:] + 1
+            self.cache, self.mask, self.logits, self.positions = cache, mask, logits, positions
         else:
+            width = mask.shape[1]
             columns = max(self.mask.shape[1], width)
             extra, extra_new = columns - self.mask.shape[1], columns - width
             self.cache = self.lm.join(self.cache, extra, cache, extra_new)
             self.mask = np.concatenate([_left_pad(self.mask, extra), _left_pad(mask, extra_new)])
-            self.positions = np.concatenate([self.positions, positions[:, -1:] + 1])
+            self.positions = np.concatenate([self.positions, positions])
             self.logits = np.concatenate([self.logits, logits])
         self.streams += streams
         return streams

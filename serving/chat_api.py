@@ -75,8 +75,9 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     return float(value)
 
 
-def sampling(body: dict, prompt_tokens: int, context_length: int) -> dict:
-    """max_tokens, temperature, top_p, stop and seed of a request, checked."""
+def sampling(body: dict, prompt_tokens: int, context_length: int, limit: int) -> dict:
+    """max_tokens, temperature, top_p, stop and seed of a request, checked; max_tokens capped
+    by the endpoint's ``limit`` and the room the prompt leaves in the model's context."""
     room = context_length - prompt_tokens
     if room < 1:
         raise RequestError(
@@ -86,16 +87,11 @@ def sampling(body: dict, prompt_tokens: int, context_length: int) -> dict:
         )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, room)
+        max_tokens = DEFAULT_MAX_TOKENS
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RequestError("max_tokens must be a positive integer", "max_tokens")
-    if max_tokens > room:
-        raise RequestError(
-            f"max_tokens {max_tokens} and the prompt's {prompt_tokens} tokens exceed this "
-            f"model's context of {context_length}",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+    # Capped, not refused: the reply ends with finish_reason "length" at the cap.
+    max_tokens = min(max_tokens, limit, room)
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
@@ -125,17 +121,27 @@ def _sse(data) -> str:
 
 
 async def complete(
-    request: Request, body: dict, name: str, revision: GenerativeRevision, chat: bool, series
+    request: Request,
+    body: dict,
+    name: str,
+    revision: GenerativeRevision,
+    chat: bool,
+    series,
+    max_tokens: int,
 ) -> Response:
-    """Generate for one chat or completions request: one JSON answer, or an event stream."""
+    """Generate for one chat or completions request: one JSON answer, or an event stream;
+    ``max_tokens``: the endpoint's cap on a reply."""
     started = time.perf_counter()
     tokenizer = revision.tokenizer
     assert tokenizer is not None  # set at load; only a ready revision is called
     try:
         # Rendering the model's chat template and tokenising are bounded but not instant: off
         # the event loop, so that one slow request does not hold up the others.
+        prefix_tokens = 0
         if chat:
-            prompt_ids = await asyncio.to_thread(tokenizer.prompt_ids, parse_messages(body))
+            messages = parse_messages(body)
+            prompt_ids = await asyncio.to_thread(tokenizer.prompt_ids, messages)
+            prefix_tokens = await asyncio.to_thread(revision.shared_prefix, messages, prompt_ids)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1:
@@ -143,13 +149,13 @@ async def complete(
             if not isinstance(prompt, str) or not prompt:
                 raise RequestError("prompt must be a non-empty string", "prompt")
             prompt_ids = await asyncio.to_thread(tokenizer.encode, prompt)
-        params = sampling(body, len(prompt_ids), revision.context_length)
+        params = sampling(body, len(prompt_ids), revision.context_length, max_tokens)
     except ChatTemplateError as exc:
         raise RequestError(str(exc), "messages") from None
     stream = bool(body.get("stream"))
     options = body.get("stream_options") or {}
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    generation = GenerationRequest(prompt_ids, **params)
+    generation = GenerationRequest(prompt_ids, **params, prefix_tokens=prefix_tokens)
     deltas = revision.stream(generation)
     created = int(time.time())
     kind = "chatcmpl" if chat else "cmpl"

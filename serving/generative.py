@@ -109,6 +109,7 @@ class GenerationReplica(Replica):
 
 
 QUEUE_PER_SLOT = 4  # the queue's default bound, per request a batch holds
+SYSTEM_PROMPTS = 64  # system prompts whose tokens a revision remembers
 
 
 class Waiting:
@@ -141,6 +142,8 @@ class GenerativeRevision(Revision):
         self.max_queue = max(1, int(self.config.get("max_queue") or QUEUE_PER_SLOT * slots))
         self.seconds_per_request = 1.0  # a moving average of arrival to the last token
         self.cancelled = 0  # requests whose clients went away before their last token
+        self.system_ids: dict[str, list[int]] = {}  # system prompts' tokens, recent last
+        self.system_lock = threading.Lock()
         # Per process: the requests it is generating (by id), and an event set when one ends.
         self.running: list[dict[int, Waiting]] = []
         self.freed: list[asyncio.Event] = []
@@ -154,6 +157,30 @@ class GenerativeRevision(Revision):
             self.tokenizer = ChatTokenizer(export_dir)
             config = json.loads((export_dir / "config.json").read_text("utf-8"))
             self.context_length = int(config.get("max_position_embeddings") or 2048)
+
+    def shared_prefix(self, messages: list[dict], prompt_ids: list[int]) -> int:
+        """How many of the prompt's first tokens are its system turn's, which the requests of
+        the endpoint share and the generation process prefix-caches (0 without one)."""
+        if not messages or messages[0]["role"] != "system" or self.tokenizer is None:
+            return 0
+        system = messages[0]["content"]
+        with self.system_lock:  # requests render in threads of their own
+            ids = self.system_ids.pop(system, None)
+        if ids is None:
+            try:
+                ids = self.tokenizer.encode(self.tokenizer.render(messages[:1], False))
+            except Exception:  # a template that wants more than a system turn
+                ids = []
+        with self.system_lock:
+            if len(self.system_ids) >= SYSTEM_PROMPTS:
+                self.system_ids.pop(next(iter(self.system_ids)))
+            self.system_ids[system] = ids
+        shared = 0
+        for a, b in zip(ids, prompt_ids, strict=False):
+            if a != b:
+                break
+            shared += 1
+        return shared
 
     def describe(self) -> dict:
         return {

@@ -12,6 +12,7 @@ from serving.metrics import Metrics
 from serving.revision import Revision
 
 MAX_INPUTS = 256  # per request, unless the endpoint says otherwise
+MAX_TOKENS = 1024  # an endpoint's cap on a reply's tokens when the platform sets none
 # A request body's limit unless SERVING_MAX_BODY_MB says otherwise: the largest valid predict
 # request (256 inputs of 20,000 characters, JSON-escaped) stays below it.
 MAX_BODY_MB = 32
@@ -43,6 +44,8 @@ class Route_:
     # sha256 → {"id", "rate_per_s", "expires_at" (epoch seconds or None)}
     keys: dict[str, dict] = field(default_factory=dict)
     max_inputs: int = MAX_INPUTS
+    # Generative endpoints: a reply's tokens at most (a request asking more is capped).
+    max_tokens: int = MAX_TOKENS
     # The sha256 of the platform's own key to this endpoint (the console's try-it box and
     # playground, pre-annotation): no rate limit, no expiry, not listed among the keys.
     platform_key: str = ""

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from serving import chat_api, protocol
 from serving.engines import EngineRevision
 from serving.generative import GenerativeRevision
-from serving.host import Host, TokenBucket
+from serving.host import MAX_TOKENS, Host, TokenBucket
 from serving.protocol import BodyTooLarge, InputError
 from serving.revision import PredictError, Revision
 
@@ -231,7 +231,9 @@ async def _openai(request: Request, chat: bool) -> Response:
             headers={"Retry-After": str(retry_after)},
         )
     try:
-        return await chat_api.complete(request, body, name, revision, chat, series)
+        route = host.endpoints.get(name)  # unrouted meanwhile: the host's default cap
+        limit = route.max_tokens if route is not None else MAX_TOKENS
+        return await chat_api.complete(request, body, name, revision, chat, series, limit)
     except chat_api.RequestError as exc:
         failed = exc.code == "generation_failed"
         if not failed:

@@ -11,7 +11,7 @@ from runtime.generation import RUNTIMES as GENERATIVE_RUNTIMES
 from runtime.inference import read_manifest
 from serving import engines, protocol
 from serving.generative import GenerativeRevision
-from serving.host import MAX_INPUTS, SHA256_HEX, Host, Route_
+from serving.host import MAX_INPUTS, MAX_TOKENS, SHA256_HEX, Host, Route_
 from serving.metrics import BUCKETS_MS
 from serving.protocol import BodyTooLarge, InputError
 from serving.revision import Revision
@@ -114,12 +114,15 @@ async def endpoint_put(request: Request, host: Host) -> Response:
         revisions = {str(k): int(w) for k, w in (body.get("revisions") or {}).items()}
         keys = {str(h): dict(v) for h, v in (body.get("keys") or {}).items()}
         max_inputs = int(body.get("max_inputs") or MAX_INPUTS)
+        max_tokens = int(body.get("max_tokens") or MAX_TOKENS)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, not {max_tokens}")
         platform_key = str(body.get("platform_key") or "")
         if platform_key and not SHA256_HEX.fullmatch(platform_key):
             raise ValueError(f"platform_key is not a sha256 in hex: {platform_key[:80]!r}")
     except (InputError, TypeError, ValueError) as exc:
         return protocol.error(400, "invalid", str(exc))
-    route = Route_(revisions, keys, max_inputs, platform_key)
+    route = Route_(revisions, keys, max_inputs, max_tokens, platform_key)
     host.set_route(request.path_params["name"], route)
     return Response(status_code=204)
 

@@ -186,6 +186,26 @@ def test_a_full_queue_answers_429_with_retry_after_and_a_gone_client_frees_its_s
     assert state()["cancelled"] == 1 and state()["running"] == 0
 
 
+def test_max_tokens_is_capped_by_the_endpoints_limit_and_the_models_context(
+    chat_host, fresh_host, llm_exports
+):
+    chat_host()
+    api = openai_client(fresh_host)
+    # A raw prompt this model continues greedily to its token limit.
+    asked = {"model": "assistant", "prompt": "等于等于等于", "temperature": 0}
+    route(fresh_host, "assistant", {"rev-paddle": 100}, max_tokens=5)
+    capped = api.completions.create(**asked, max_tokens=100_000)
+    assert capped.usage.completion_tokens == 5 and capped.choices[0].finish_reason == "length"
+    # Without a cap of the endpoint's, the room the prompt leaves in the context is the cap.
+    context = json.loads((llm_exports("instruction", "paddle") / "config.json").read_text())[
+        "max_position_embeddings"
+    ]
+    route(fresh_host, "assistant", {"rev-paddle": 100}, max_tokens=10**6)
+    prompt = "等" * (context - 3)
+    tight = api.completions.create(**{**asked, "prompt": prompt}, max_tokens=100_000)
+    assert tight.usage.prompt_tokens + tight.usage.completion_tokens <= context
+
+
 def test_completions_and_sampling(chat_host, fresh_host):
     chat_host()
     api = openai_client(fresh_host)
@@ -223,7 +243,7 @@ def test_bad_requests_get_openai_errors(chat_host, fresh_host, exports):
     cases = [
         ({"temperature": 5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"max_tokens": 100_000}, "max_tokens"),
+        ({"max_tokens": "many"}, "max_tokens"),
         ({"n": 2}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ]

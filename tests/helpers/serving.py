@@ -23,15 +23,21 @@ def load(host, key: str, export, **config) -> dict:
     return host.wait_ready(key)
 
 
-def route(host, name: str, revisions: dict, keys: dict | None = None, max_inputs: int = 64):
+def route(
+    host,
+    name: str,
+    revisions: dict,
+    keys: dict | None = None,
+    max_inputs: int = 64,
+    max_tokens: int | None = None,
+):
     """Route endpoint ``name`` to ``revisions`` (name: weight), open to ``keys`` (KEY unless
     told)."""
     keys = {KEY_HASH: {"id": 1, "rate_per_s": None}} if keys is None else keys
-    r = host.manage(
-        "PUT",
-        f"/manage/endpoints/{name}",
-        {"revisions": revisions, "keys": keys, "max_inputs": max_inputs},
-    )
+    body = {"revisions": revisions, "keys": keys, "max_inputs": max_inputs}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    r = host.manage("PUT", f"/manage/endpoints/{name}", body)
     assert r.status_code == 204, r.text
 
 

@@ -120,3 +120,34 @@ def test_static_batching_keeps_the_rows_that_are_done_until_all_are(generator):
     first, second = texts.values()  # each request's text twice: the same both ways
     assert first[: len(first) // 2] == first[len(first) // 2 :]
     assert second[: len(second) // 2] == second[len(second) // 2 :]
+
+
+def test_a_shared_system_prompt_is_prefilled_once_and_generates_the_same(generator):
+    g = generator
+    system = {"role": "system", "content": "你是一个会算加法的助手，请用一句话回答每个问题。"}
+    prompts = [g.chat_prompt([system, {"role": "user", "content": q}]) for q in QUESTIONS]
+    alone = g.chat_prompt([system])  # the system turn alone: a prefix of each prompt
+    shared = next(i for i in range(len(alone)) if alone[i] != prompts[0][i])
+    assert shared >= 16
+
+    def run(prefix_tokens: int, batch) -> list[str]:
+        texts = {}
+        for i, p in enumerate(prompts):  # one at a time: each joins the running batch
+            r = GenerationRequest(p, max_tokens=6, temperature=0, id=i)
+            r.prefix_tokens = prefix_tokens
+            batch.add([r])
+            texts[i] = ""
+            for delta in batch.step():
+                texts[delta.id] += delta.text
+        while len(batch):
+            for delta in batch.step():
+                texts[delta.id] += delta.text
+        return [texts[i] for i in range(len(prompts))]
+
+    batch = g.batch()
+    batch.stop_ids = set()
+    cached = run(shared, batch)
+    assert batch.prefix_hits == len(prompts) - 1 and len(batch.prefixes) == 1
+    plain = g.batch()
+    plain.stop_ids = set()
+    assert cached == run(0, plain) and plain.prefix_hits == 0
