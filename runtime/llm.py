@@ -35,6 +35,17 @@ LORA_TARGETS = {
     "ernie4_5": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "chatglm": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
     "bloom": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+    "glm4": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
+}
+# The architectures tested end to end here (a tiny random model of each: LoRA SFT, DPO, the
+# merged export, generation), by backend: tests/runtime/test_architectures.py (LLaMA also
+# through the platform). The base-models page shows it.
+TESTED = {
+    "llama": ("paddle", "torch"),
+    "qwen2": ("paddle", "torch"),
+    "mistral": ("paddle",),
+    "ernie4_5": ("torch",),
+    "glm4": ("torch",),
 }
 
 

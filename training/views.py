@@ -19,6 +19,7 @@ from console.roles import Perm, Role, role_allows
 from runtime.compress import MODES as QUANTIZATION_MODES
 from runtime.estimate import estimates
 from runtime.kinds import GENERATIVE_KINDS
+from runtime.llm import TESTED as TESTED_ARCHITECTURES
 from runtime.presets import LLM_PRESETS, PRESETS, presets_for
 from training import api, selectors
 from training.base_models import base_model_from_version, base_model_import
@@ -405,6 +406,7 @@ def base_models(request: HttpRequest) -> HttpResponse:
     page, query = paginate(request, selectors.team_base_models(request.team))
     for m in page:
         if m.summary.get("causal_lm"):
+            m.tested = m.backend in TESTED_ARCHITECTURES.get(m.architecture, ())
             m.estimates = estimates(
                 m.summary, profiles().values(), batch_size=batch_size, seq_length=seq_length
             )
@@ -420,6 +422,7 @@ def base_models(request: HttpRequest) -> HttpResponse:
             "import_dir": settings.MODEL_IMPORT_DIR,
             "presets": PRESETS,
             "llm_presets": LLM_PRESETS,
+            "tested_architectures": TESTED_ARCHITECTURES,
             "can_write": _can(request, Perm.MODEL_IMPORT),
         },
     )

@@ -133,6 +133,9 @@ def test_a_causal_lm_is_imported_with_its_size_context_and_memory_estimate(
         reverse("training:base_models", kwargs={"team": team.slug}) + "?batch_size=2"
     ).content.decode()
     assert 'data-testid="memory-estimate"' in page and "batch 2 × 1024" in page
+    # What each architecture was tested with here: LLaMA on both backends.
+    assert page.count('data-testid="tested-with">tested end to end on this backend') == 2
+    assert "<code>qwen2</code> (paddle, torch)" in page
 
 
 def test_a_causal_lm_without_tokenizer_or_chat_template_is_refused(llm_dirs, tmp_path):

@@ -1,0 +1,125 @@
+"""The causal-LM architectures teams fine-tune, each as a tiny random model of its own
+architecture in its backend's layout (safetensors, a character tokenizer and the ChatML
+template): LoRA fine-tuning (SFT) and DPO through the job runner, the export with LoRA merged
+into the weights and the adapter beside it, and generation from the export by the serving
+engine with continuous batching. ``ARCHITECTURES`` is what the base-models page says each was
+tested with (``runtime.llm.TESTED``)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import runtime.run as runner
+from runtime.generation import GenerationRequest, Generator
+from runtime.llm import TESTED
+from runtime.spec import Hyperparameters, JobSpec
+from tests.runtime.test_llm_runner import sums
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+# Config class prefixes of each library (PaddleNLP, transformers).
+CLASSES = {"qwen2": "Qwen2", "ernie4_5": "Ernie4_5", "glm4": "Glm4", "mistral": "Mistral"}
+# LLaMA's own tests are tests/runtime/test_llm_runner.py and tests/training/test_llm.py.
+ARCHITECTURES = [(a, b) for a, backends in TESTED.items() if a != "llama" for b in backends]
+MAKE = """
+import sys, pathlib
+from runtime.chat import build_char_tokenizer
+name, backend, d = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+tok = build_char_tokenizer(["0123456789加等于几？。我不知道userassistantsystem"], d)
+arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+            max_position_embeddings=512, tie_word_embeddings=False, pad_token_id=0)
+if backend == "paddle":
+    import paddlenlp.transformers as lib
+    arch["use_flash_attention"] = False
+else:
+    import transformers as lib
+model = getattr(lib, name + "ForCausalLM")(getattr(lib, name + "Config")(**arch))
+model.save_pretrained(str(d), safe_serialization=True)
+"""
+
+
+def make_base(directory: Path, arch: str, backend: str) -> Path:
+    # A process of its own: PaddleNLP and transformers each register their model classes.
+    subprocess.run(
+        [sys.executable, "-c", MAKE, CLASSES[arch], backend, str(directory)],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    config = json.loads((directory / "config.json").read_text("utf-8"))
+    assert config["model_type"] == arch
+    return directory
+
+
+def job(directory: Path, kind: str, rows: list[dict], backend: str, base: Path) -> Path:
+    data = directory / "data"
+    data.mkdir(parents=True)
+    for split, part in (("train", rows[:-8]), ("dev", rows[-8:])):
+        (data / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), "utf-8"
+        )
+    hp = Hyperparameters(
+        epochs=2,
+        batch_size=8,
+        learning_rate=1e-2,
+        max_seq_length=64,
+        checkpoint_steps=0,
+        eval_generations=0,
+        method="lora",
+    )
+    JobSpec(
+        job_id=1,
+        task_kind=kind,
+        labels=[],
+        backend=backend,
+        base_model_dir=str(base),
+        hyperparameters=hp,
+    ).save(directory)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(runner, "emit", lambda *a, **k: None)
+    try:
+        runner.run(directory)
+    finally:
+        mp.undo()
+    return directory / "export"
+
+
+def preferences(n: int) -> list[dict]:
+    return [
+        {
+            "prompt": f"{a}加{b}等于几？",
+            "chosen": f"{a}加{b}等于{a + b}。",
+            "rejected": "我不知道。",
+        }
+        for a in range(1, 10)
+        for b in range(1, 10)
+    ][:n]
+
+
+@pytest.mark.parametrize(("arch", "backend"), ARCHITECTURES)
+def test_an_architecture_fine_tunes_with_lora_and_dpo_and_serves(tmp_path, arch, backend):
+    base = make_base(tmp_path / "base", arch, backend)
+    exports = {
+        "sft": job(tmp_path / "sft", "instruction", sums(40), backend, base),
+        "dpo": job(tmp_path / "dpo", "preference", preferences(24), backend, base),
+    }
+    for method, export in exports.items():
+        manifest = json.loads((export / "manifest.json").read_text("utf-8"))
+        assert manifest["runtime"] == f"{backend}_generate", method
+        assert (export / "adapter").is_dir(), method  # the adapter alone, beside the merge
+        config = json.loads((export / "config.json").read_text("utf-8"))
+        assert config["model_type"] == arch
+        generator = Generator(export)
+        prompt = generator.chat_prompt([{"role": "user", "content": "3加4等于几？"}])
+        batch = generator.batch()
+        batch.add([GenerationRequest(prompt, max_tokens=4, temperature=0, id=i) for i in (1, 2)])
+        steps = 0
+        while len(batch):
+            batch.step()
+            steps += 1
+        assert 1 <= steps <= 4
