@@ -178,12 +178,9 @@ def stream_one(port: int, api_key: str, question: str, max_tokens: int, out: dic
     conn.close()
 
 
-def endpoint_round(port: int, api_key: str, max_tokens: int) -> tuple[float, list[float]]:
-    outs = [{} for _ in QUESTIONS]
-    threads = [
-        threading.Thread(target=stream_one, args=(port, api_key, q, max_tokens, o))
-        for q, o in zip(QUESTIONS, outs, strict=True)
-    ]
+def timed_round(threads: list[threading.Thread], outs: list[dict]) -> tuple[float, list[float]]:
+    """Run the clients' threads, which fill ``outs`` (stream_one's): the tokens/s of the round
+    (to its last answer) and each request's time to first token."""
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -191,6 +188,15 @@ def endpoint_round(port: int, api_key: str, max_tokens: int) -> tuple[float, lis
         t.join()
     elapsed = max(o["done"] for o in outs) - started
     return sum(o["tokens"] for o in outs) / elapsed, [o["ttft_ms"] for o in outs if o["ttft_ms"]]
+
+
+def endpoint_round(port: int, api_key: str, max_tokens: int) -> tuple[float, list[float]]:
+    outs: list[dict] = [{} for _ in QUESTIONS]
+    threads = [
+        threading.Thread(target=stream_one, args=(port, api_key, q, max_tokens, o))
+        for q, o in zip(QUESTIONS, outs, strict=True)
+    ]
+    return timed_round(threads, outs)
 
 
 # The mixed load: each client's requests, (question, max_tokens), in its own order.
@@ -211,14 +217,7 @@ def mixed_round(port: int, api_key: str, clients: int, per_client: int, scale: f
             stream_one(port, api_key, question, tokens, out)
             outs.append(out)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = max(o["done"] for o in outs) - started
-    return sum(o["tokens"] for o in outs) / elapsed, [o["ttft_ms"] for o in outs if o["ttft_ms"]]
+    return timed_round([threading.Thread(target=client, args=(i,)) for i in range(clients)], outs)
 
 
 def continuous_against_static(host: Host, export: Path, args) -> dict:

@@ -254,7 +254,9 @@ class GenerativeRevision(Revision):
                 freed.clear()
                 await freed.wait()
                 continue
-            batch = await self._admit(self.max_batch_size - len(running), bool(running))
+            # Into a running batch at once; into an empty one, with what comes in max_wait_ms.
+            wait_s = 0.0 if running and not self.static else None
+            batch = await self._collect(self.max_batch_size - len(running), wait_s)
             if not batch:
                 continue
             self.batches += 1
@@ -266,25 +268,6 @@ class GenerativeRevision(Revision):
                 await loop.run_in_executor(self.pool, replica.submit, message)
             except RuntimeError:
                 pass  # the reader sees the process gone and fails what it held
-
-    async def _admit(self, room: int, running: bool) -> list[Waiting]:
-        """Up to ``room`` waiting requests: the oldest, then those already queued; into an
-        empty batch, as many more as come within ``max_wait_ms`` of the oldest."""
-        first = await self.queue.get()
-        batch = [first]
-        deadline = first.arrived + (0.0 if running and not self.static else self.max_wait_s)
-        while len(batch) < room:
-            if not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-                continue
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            try:
-                batch.append(await asyncio.wait_for(self.queue.get(), timeout))
-            except TimeoutError:
-                break
-        return [w for w in batch if w.wanted()]
 
     def _replica_at(self, index: int) -> GenerationReplica:
         return cast(GenerationReplica, self.replicas[index])  # replica_class makes them

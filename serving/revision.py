@@ -168,11 +168,15 @@ class Revision:
         finally:
             timer.cancel()
 
-    async def _collect(self) -> list[Pending]:
+    async def _collect(self, room: int = 0, wait_s: float | None = None) -> list:
+        """The oldest waiting item, then those already queued, then those that come within
+        ``wait_s`` (``max_wait_ms``) of it, up to ``room`` (``max_batch_size``); those still
+        wanted."""
         first = await self.queue.get()
         batch = [first]
-        deadline = first.arrived + self.max_wait_s
-        while len(batch) < self.max_batch_size:
+        deadline = first.arrived + (self.max_wait_s if wait_s is None else wait_s)
+        room = room or self.max_batch_size
+        while len(batch) < room:
             if not self.queue.empty():
                 batch.append(self.queue.get_nowait())
                 continue

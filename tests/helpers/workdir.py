@@ -99,3 +99,18 @@ def make_workdir(root: Path, kind: str, *, sizes=(96, 16, 24), **hp) -> tuple[Pa
     )
     spec.save(workdir)
     return workdir, spec
+
+
+def run_quietly(workdir: Path) -> None:
+    """The job runner on ``workdir`` in this process (the runtime venv's), its events unsent:
+    for fixtures that share one trained model among their tests."""
+    import pytest
+
+    import runtime.run as runner
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(runner, "emit", lambda *a, **k: None)
+    try:
+        runner.run(workdir)
+    finally:
+        mp.undo()

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import runtime.run as runner
 from runtime.generation import GenerationRequest, Generator
 from runtime.llm import TESTED
 from runtime.spec import Hyperparameters, JobSpec
+from tests.helpers.workdir import run_quietly
 from tests.runtime.test_llm_runner import sums
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -80,12 +80,7 @@ def job(directory: Path, kind: str, rows: list[dict], backend: str, base: Path) 
         base_model_dir=str(base),
         hyperparameters=hp,
     ).save(directory)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(runner, "emit", lambda *a, **k: None)
-    try:
-        runner.run(directory)
-    finally:
-        mp.undo()
+    run_quietly(directory)
     return directory / "export"
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import runtime.run as runner
 from runtime.generation import GenerationRequest, Generator
+from tests.helpers.workdir import run_quietly
 from tests.runtime.test_llm_runner import workdir
 
 QUESTIONS = ["1加2等于几？", "请问3加4等于几？请写出计算过程。", "5加6？", "7加8等于几？"]
@@ -19,12 +19,7 @@ def generator(request, tmp_path_factory) -> Generator:
     directory = workdir(
         tmp_path_factory.mktemp(request.param), request.param, epochs=2, eval_generations=0
     )
-    mp = pytest.MonkeyPatch()
-    mp.setattr(runner, "emit", lambda *a, **k: None)
-    try:
-        runner.run(directory)
-    finally:
-        mp.undo()
+    run_quietly(directory)
     return Generator(Path(directory) / "export")
 
 
