@@ -110,6 +110,7 @@ class GenerationReplica(Replica):
 
 QUEUE_PER_SLOT = 4  # the queue's default bound, per request a batch holds
 SYSTEM_PROMPTS = 64  # system prompts whose tokens a revision remembers
+SYSTEM_PROMPT_CHARS = 16_384  # and the longest it remembers
 
 
 class Waiting:
@@ -164,6 +165,8 @@ class GenerativeRevision(Revision):
         if not messages or messages[0]["role"] != "system" or self.tokenizer is None:
             return 0
         system = messages[0]["content"]
+        if len(system) > SYSTEM_PROMPT_CHARS:
+            return 0  # not remembered: 64 of the largest bodies would be a lot of memory
         with self.system_lock:  # requests render in threads of their own
             ids = self.system_ids.pop(system, None)
         if ids is None:
