@@ -219,8 +219,8 @@ class Batch:
         if cached is None:
             ids = np.asarray([prefix], dtype="int64")
             mask = np.ones_like(ids)
+            # Kept as it is: every use takes a copy per row (_prefill), which forward extends.
             _logits, cached = self.lm.forward(ids, mask, position_ids(mask), None)
-            cached = self.lm.select(cached, [0])  # its own copy, which no later call extends
             if len(self.prefixes) >= PREFIX_CACHE:
                 self.prefixes.pop(next(iter(self.prefixes)))  # the least recently used
         else:
