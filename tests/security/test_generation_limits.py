@@ -75,3 +75,18 @@ def test_max_tokens_is_capped_by_the_endpoints_limit_and_the_models_context(
     prompt = "等" * (context - 3)
     tight = api.completions.create(**{**asked, "prompt": prompt}, max_tokens=100_000)
     assert tight.usage.prompt_tokens + tight.usage.completion_tokens <= context
+
+
+@pytest.mark.django_db
+def test_an_endpoints_tokens_per_reply_is_bounded(owner, team, model_version):
+    """The cap itself is bounded: no endpoint lets a reply run past MAX_TOKENS_LIMIT."""
+    from django.core.exceptions import ValidationError
+
+    from deployment import rollout
+    from deployment.models import MAX_TOKENS_LIMIT, Endpoint
+
+    version = model_version()
+    for wrong in (0, MAX_TOKENS_LIMIT + 1, 10**12):
+        with pytest.raises(ValidationError, match="between 1 and"):
+            rollout.endpoint_deploy(actor=owner, team=team, model_version=version, max_tokens=wrong)
+    assert not Endpoint.objects.exists()
