@@ -409,9 +409,11 @@ class Progress:
         self.epoch = state["epoch"]
         self.samples, self.busy, self.last_report, self.stopped = 0, 0.0, 0.0, False
         self.step_started = 0.0
+        self.saved_plan = state.get("planned_steps")
 
     def save_checkpoint(self) -> None:
         self.state["elapsed_s"] = round(self.budget.elapsed(), 3)
+        self.saved_plan = self.state.get("planned_steps")
         if not self.writes:
             return
         save_weights(
@@ -521,9 +523,10 @@ class Progress:
             self.save_best()
         if not self.stopped:
             self.budget.stopped(self.state)
-        if self.budget.budget_s and self.state.get("planned_steps") != self.state["step"]:
-            # The plan of the last epoch's end may promise a step the time did not give: the
-            # checkpoint says where training ended, so a job started again trains no further.
+        if self.budget.budget_s and self.saved_plan != self.state["step"]:
+            # The checkpoint may keep a plan the time did not give (an epoch's end saves it
+            # before planning again): it says where training ended, so a job started again
+            # trains no further.
             self.state["planned_steps"] = self.state["step"]
             self.save_checkpoint()
         ended_early(self.emit, self.state, total, self.samples, self.busy)
