@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.adapters import Adapters, read_adapter
 from runtime.chat import ChatTokenizer
 from runtime.inference import read_manifest
 from runtime.weights import refuse_pickles
@@ -36,6 +37,8 @@ class GenerationRequest:
     id: int = 0
     # The prompt's first tokens that other requests share (a system prompt): prefix-cached.
     prefix_tokens: int = 0
+    # The LoRA adapter it runs with (runtime.adapters), "" for the served model itself.
+    adapter: str = ""
 
 
 @dataclass
@@ -118,6 +121,25 @@ class Generator:
         )
         lm = PaddleLM if runtime == "paddle_generate" else TorchLM
         self.lm = lm.load(export_dir, device)
+        self.export_dir = export_dir
+        self.adapters: Adapters | None = None
+
+    def load_adapter(self, name: str, directory: Path) -> int:
+        """Serve the LoRA adapter in ``directory`` as ``name`` (requests with that ``adapter``
+        run with it); its size in bytes. AdapterError where it does not fit this model."""
+        runtime = self.manifest["runtime"]
+        lora = read_adapter(Path(directory), runtime)
+        if self.adapters is None:
+            own = self.manifest.get("adapter_dir")
+            merged = read_adapter(self.export_dir / own, runtime) if own else None
+            self.adapters = Adapters(self.lm, merged)
+            self.lm.adapters = self.adapters
+        self.adapters.load(name, lora)
+        return lora.nbytes
+
+    def unload_adapter(self, name: str) -> None:
+        if self.adapters is not None:
+            self.adapters.unload(name)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.tokenizer.prompt_ids(messages)
@@ -171,8 +193,8 @@ class Batch:
         self.mask: np.ndarray = np.zeros((0, 0), "int64")  # [rows, cache columns]: 1 if real
         self.positions: np.ndarray = np.zeros((0, 1), "int64")  # each row's next position
         self.logits: np.ndarray = np.zeros((0, 0), "float32")  # [rows, vocabulary]: next
-        # Shared prompt prefixes' caches (one row each), the most recently used last.
-        self.prefixes: dict[tuple[int, ...], object] = {}
+        # Shared prompt prefixes' caches (one row each) by adapter, the most recently used last.
+        self.prefixes: dict[tuple[str, tuple[int, ...]], object] = {}
         self.prefix_hits = 0
 
     def __len__(self) -> int:
@@ -182,25 +204,26 @@ class Batch:
         """Prefill the requests' prompts; they sample their first token at the next step. A
         request's ``prefix_tokens`` (a system prompt the endpoint's requests share) are read
         from the prefix cache when an earlier request prefilled them."""
-        groups: dict[tuple[int, ...], list[GenerationRequest]] = {}
+        groups: dict[tuple[str, tuple[int, ...]], list[GenerationRequest]] = {}
         for r in requests:
             # At least the prompt's last token is prefilled: its logits pick the first token.
             cut = min(r.prefix_tokens, len(r.prompt_ids) - 1)
             key = tuple(r.prompt_ids[:cut]) if cut >= MIN_PREFIX else ()
-            groups.setdefault(key, []).append(r)
+            # A prefix's cache is its adapter's: the adapters change the keys and values.
+            groups.setdefault((r.adapter if key else "", key), []).append(r)
         streams = []
-        for prefix, group in groups.items():
-            streams += self._append(group, *self._prefill(group, prefix))
+        for (adapter, prefix), group in groups.items():
+            streams += self._append(group, *self._prefill(group, adapter, prefix))
         order = {id(r): i for i, r in enumerate(requests)}
         return sorted(streams, key=lambda s: order[id(s.request)])
 
-    def _prefill(self, requests: list[GenerationRequest], prefix: tuple[int, ...]):
+    def _prefill(self, requests: list[GenerationRequest], adapter: str, prefix: tuple[int, ...]):
         """Logits, cache, mask and positions of the requests' prompts after ``prefix`` (whose
-        cache is the prefix cache's, prefilled once)."""
+        cache, with ``adapter``, is the prefix cache's, prefilled once)."""
         pad, start = self.tokenizer.pad_id, len(prefix)
         cache = None
         if prefix:
-            cache = self._prefix_cache(prefix)
+            cache = self._prefix_cache(adapter, prefix)
             cache = self.lm.select(cache, [0] * len(requests))  # a copy per row
         width = max(len(r.prompt_ids) for r in requests) - start
         ids = np.full((len(requests), width), pad, dtype="int64")
@@ -211,21 +234,31 @@ class Batch:
             ids[i, width - len(rest) :] = rest
             mask[i, start + width - len(rest) :] = 1
         positions = position_ids(mask)[:, start:]
-        logits, cache = self.lm.forward(ids, mask, positions, cache)
+        rows = [r.adapter for r in requests]
+        logits, cache = self._forward(ids, mask, positions, cache, rows)
         return logits, cache, mask, positions[:, -1:] + 1
 
-    def _prefix_cache(self, prefix: tuple[int, ...]):
-        cached = self.prefixes.pop(prefix, None)
+    def _forward(self, ids, mask, positions, cache, adapters: list[str]):
+        """``lm.forward`` with each row's adapter, where the model serves adapters."""
+        if any(adapters) or self.lm.adapters is not None:
+            if self.lm.adapters is None:
+                raise KeyError(f"no adapter is loaded, not {sorted(set(adapters) - {''})}")
+            self.lm.adapters.route(adapters)
+        return self.lm.forward(ids, mask, positions, cache)
+
+    def _prefix_cache(self, adapter: str, prefix: tuple[int, ...]):
+        key = (adapter, prefix)
+        cached = self.prefixes.pop(key, None)
         if cached is None:
             ids = np.asarray([prefix], dtype="int64")
             mask = np.ones_like(ids)
             # Kept as it is: every use takes a copy per row (_prefill), which forward extends.
-            _logits, cached = self.lm.forward(ids, mask, position_ids(mask), None)
+            _logits, cached = self._forward(ids, mask, position_ids(mask), None, [adapter])
             if len(self.prefixes) >= PREFIX_CACHE:
                 self.prefixes.pop(next(iter(self.prefixes)))  # the least recently used
         else:
             self.prefix_hits += 1
-        self.prefixes[prefix] = cached
+        self.prefixes[key] = cached
         return cached
 
     def _append(self, requests, logits, cache, mask, positions) -> list["_Stream"]:
@@ -277,8 +310,9 @@ class Batch:
                 self.mask = self.mask[:, padding:]
                 self.cache = self.lm.trim(self.cache, padding)
         self.mask = np.concatenate([self.mask, np.ones((len(keep), 1), "int64")], axis=1)
-        self.logits, self.cache = self.lm.forward(
-            tokens[:, None], self.mask, self.positions, self.cache
+        rows = [s.request.adapter for s in self.streams]
+        self.logits, self.cache = self._forward(
+            tokens[:, None], self.mask, self.positions, self.cache, rows
         )
         self.positions = self.positions + 1
         return deltas
@@ -293,6 +327,7 @@ class TorchLM:
         self.torch = torch
         self.model = model
         self.device = device
+        self.adapters: Adapters | None = None
         self.model.eval()
 
     @classmethod
@@ -365,6 +400,7 @@ class PaddleLM:
 
         self.paddle = paddle
         self.model = model
+        self.adapters: Adapters | None = None
         self.model.eval()
 
     @classmethod

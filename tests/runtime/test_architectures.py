@@ -2,7 +2,8 @@
 architecture in its backend's layout (safetensors, a character tokenizer and the ChatML
 template): LoRA fine-tuning (SFT) and DPO through the job runner, the export with LoRA merged
 into the weights and the adapter beside it, and generation from the export by the serving
-engine with continuous batching. ``ARCHITECTURES`` is what the base-models page says each was
+engine with continuous batching; the DPO version's adapter served over the SFT version, beside
+it in one batch (``runtime.adapters``). ``ARCHITECTURES`` is what the base-models page says each was
 tested with (``runtime.llm.TESTED``)."""
 
 import json
@@ -10,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from runtime.adapters import AdapterError
 from runtime.generation import GenerationRequest, Generator
 from runtime.llm import TESTED
 from runtime.spec import Hyperparameters, JobSpec
@@ -64,7 +67,7 @@ def job(directory: Path, kind: str, rows: list[dict], backend: str, base: Path) 
             "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), "utf-8"
         )
     hp = Hyperparameters(
-        epochs=2,
+        epochs=1,
         batch_size=8,
         learning_rate=1e-2,
         max_seq_length=64,
@@ -118,3 +121,31 @@ def test_an_architecture_fine_tunes_with_lora_and_dpo_and_serves(tmp_path, arch,
             batch.step()
             steps += 1
         assert 1 <= steps <= 4
+
+    # Many adapters on one base: the DPO version's adapter over the SFT version (whose own merged
+    # adapter its rows leave out), in one batch with the SFT version's own rows: each row as its
+    # version's merged export gives it.
+    served = Generator(exports["sft"])
+    assert served.load_adapter("prefs", exports["dpo"] / "adapter") > 0
+    prompt = served.chat_prompt([{"role": "user", "content": "3加4等于几？"}])
+
+    def run(generator: Generator, adapters: list[str]) -> tuple[np.ndarray, list[str]]:
+        batch = generator.batch()
+        batch.stop_ids = set()
+        streams = batch.add(
+            [GenerationRequest(prompt, 6, 0, id=i, adapter=a) for i, a in enumerate(adapters)]
+        )
+        first = batch.logits.copy()
+        while len(batch):
+            batch.step()
+        return first, [s.text for s in streams]
+
+    logits, texts = run(served, ["prefs", "", "prefs"])
+    for method, rows in (("dpo", [0, 2]), ("sft", [1])):
+        alone_logits, alone = run(Generator(exports[method]), [""])
+        for row in rows:
+            np.testing.assert_allclose(logits[row], alone_logits[0], atol=1e-4)
+            assert texts[row] == alone[0], method
+    assert np.abs(logits[0] - logits[1]).max() > 1e-3  # the adapter changes what it says
+    with pytest.raises(AdapterError, match="no LoRA adapter"):
+        served.load_adapter("merged", exports["sft"])  # a merged model is no adapter
