@@ -13,6 +13,7 @@ from console.api import Op, TeamAPIView, created, service_call, validated
 from console.pagination import PaginatedList
 from console.roles import Perm
 from deployment import selectors
+from deployment.adapters import adapter_add, adapter_remove
 from deployment.hosts import HostError, endpoint_chat, endpoint_predict
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.metrics import metrics_collect
@@ -27,6 +28,8 @@ from deployment.rollout import (
     revision_set_weight,
 )
 from deployment.serializers import (
+    AdapterCreateSerializer,
+    AdapterSerializer,
     CanarySerializer,
     ChatSerializer,
     ComparisonSerializer,
@@ -161,6 +164,30 @@ class KeyListCreate(PaginatedList, DeploymentAPIView):
         )
         key.key = plain
         return created(KeyCreatedSerializer, key)
+
+
+class AdapterListCreate(PaginatedList, DeploymentAPIView):
+    """The LoRA adapters the endpoint serves over its model (``model="<endpoint>/<name>"``)."""
+
+    def parent(self):
+        return self.endpoint()
+
+    get = Op.list(selectors.endpoint_adapters, AdapterSerializer)
+
+    @extend_schema(request=AdapterCreateSerializer, responses={201: AdapterSerializer})
+    def post(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        data = validated_with_model_version(AdapterCreateSerializer, request)
+        adapter = service_call(adapter_add, actor=request.user, endpoint=endpoint, **data)
+        return created(AdapterSerializer, adapter)
+
+
+class AdapterDetail(DeploymentAPIView):
+    def parent(self):
+        return self.endpoint()
+
+    get = Op.retrieve(selectors.endpoint_adapter_get, AdapterSerializer)
+    delete = Op.delete(adapter_remove, adapter=selectors.endpoint_adapter_get)
 
 
 class KeyRevoke(DeploymentAPIView):

@@ -79,6 +79,13 @@ class CanaryForm(KnobsForm):
 
 class KeyForm(forms.Form):
     name = forms.CharField(max_length=100, label=_("Key name"))
+    adapters = forms.MultipleChoiceField(
+        choices=[],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label=_("Only these adapters"),
+        help_text=_("None ticked: the endpoint's model and every adapter."),
+    )
     rate_per_s = forms.FloatField(
         min_value=0.01,
         required=False,
@@ -92,6 +99,32 @@ class KeyForm(forms.Form):
         label=_("Expires in (days)"),
         help_text=_("Empty: never."),
     )
+
+    def __init__(self, *args, adapters: list[str] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if adapters:
+            self.fields["adapters"].choices = [(n, n) for n in adapters]
+        else:
+            del self.fields["adapters"]
+
+
+class AdapterForm(forms.Form):
+    name = forms.SlugField(max_length=60, label=_("Adapter name"))
+    model_version = forms.ModelChoiceField(
+        queryset=ModelVersion.objects.none(), label=_("LoRA model version"), empty_label=None
+    )
+    rate_per_s = forms.FloatField(
+        min_value=0.01,
+        required=False,
+        label=_("Rate limit (requests/s)"),
+        help_text=_("Over all keys. Empty: no limit."),
+    )
+
+    def __init__(self, *args, versions: list[ModelVersion], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model_version"].queryset = ModelVersion.objects.filter(
+            pk__in=[v.pk for v in versions]
+        ).order_by("-created_at")
 
 
 class PreannotateForm(forms.Form):

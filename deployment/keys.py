@@ -19,19 +19,33 @@ def endpoint_key_create(
     name: str,
     rate_per_s: float | None = None,
     expires_in_days: int | None = None,
+    adapters: list[str] | None = None,
 ) -> tuple[EndpointKey, str]:
     """A key for ``endpoint``; the plain key is returned once and only its hash is kept.
 
     Unlike personal tokens, an endpoint key never expires unless asked to: it lives in an
-    application's configuration, where a silent expiry is an outage; revocation is the tool."""
+    application's configuration, where a silent expiry is an outage; revocation is the tool.
+    ``adapters``: the endpoint's adapters the key may call, and only those (none: all, and the
+    endpoint's own model)."""
     name = name.strip()
     if not name:
         raise ValidationError(_("A key needs a name."))
     if rate_per_s is not None and rate_per_s <= 0:
         raise ValidationError(_("A rate limit is a positive number of requests per second."))
+    adapters = sorted(set(adapters or []))
+    unknown = set(adapters) - set(endpoint.adapters.values_list("name", flat=True))
+    if unknown:
+        raise ValidationError(
+            _("The endpoint has no adapter named %(n)s.") % {"n": ", ".join(sorted(unknown))}
+        )
     expires_at = key_expiry(expires_in_days)
     key, plain = EndpointKey.issue(
-        endpoint=endpoint, name=name, rate_per_s=rate_per_s, created_by=actor, expires_at=expires_at
+        endpoint=endpoint,
+        name=name,
+        rate_per_s=rate_per_s,
+        created_by=actor,
+        expires_at=expires_at,
+        adapters=adapters,
     )
     audit_record(
         action="endpoint.key_create",
@@ -43,6 +57,7 @@ def endpoint_key_create(
             "prefix": key.prefix,
             "rate_per_s": rate_per_s,
             "expires_at": expires_at.isoformat() if expires_at else None,
+            "adapters": adapters,
         },
     )
     converge_soon()

@@ -56,10 +56,13 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
     same_boot = host.metrics_boot_id == data["boot_id"]
     before = host.metrics_snapshot if same_boot else {}
     window = (now - host.metrics_at).total_seconds() if same_boot and host.metrics_at else 0.0
-    endpoints = {e.name: e for e in Endpoint.objects.filter(name__in=list(data["endpoints"]))}
+    # A generative endpoint's adapters count as "<endpoint>/<adapter>".
+    names = {name.partition("/")[0] for name in data["endpoints"]}
+    endpoints = {e.name: e for e in Endpoint.objects.filter(name__in=names)}
     samples = []
     for name, revisions in data["endpoints"].items():
-        endpoint = endpoints.get(name)
+        endpoint_name, _slash, adapter = name.partition("/")
+        endpoint = endpoints.get(endpoint_name)
         if endpoint is None:
             continue
         for key, now_counts in revisions.items():
@@ -77,6 +80,7 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
                 MetricSample(
                     endpoint=endpoint,
                     revision_id=pk if pk and endpoint.revisions.filter(pk=pk).exists() else None,
+                    adapter=adapter[:60],
                     host=host,
                     at=now,
                     window_s=window,

@@ -132,6 +132,33 @@ class Revision(Created):
         return int(pk) if prefix == "rev" and pk.isdigit() else None
 
 
+class EndpointAdapter(Created):
+    """A LoRA adapter a generative endpoint serves over its model: a LoRA version fine-tuned
+    from the same base model, called as ``model="<endpoint>/<name>"`` (``deployment.adapters``
+    says which versions fit)."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="adapters")
+    # Its name in OpenAI's ``model`` field (runtime.adapters.NAME).
+    name = models.SlugField(_("name"), max_length=60)
+    model_version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="adapter_of"
+    )
+    # Requests per second to it over all keys (per serving host); empty: no limit.
+    rate_per_s = models.FloatField(
+        _("rate limit (requests/s)"), null=True, blank=True, validators=[MinValueValidator(0.01)]
+    )
+
+    class Meta:
+        ordering = ["endpoint", "name"]
+        verbose_name = _("adapter")
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "name"], name="adapter_name_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint.name}/{self.name}"
+
+
 class Placement(models.Model):
     """What a serving host last said of a revision it should hold (or held)."""
 
@@ -146,6 +173,8 @@ class Placement(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.MISSING)
     error = models.TextField(blank=True)
     replicas_ready = models.PositiveSmallIntegerField(default=0)
+    # Its adapters there: name → {"state", "error", "bytes"}.
+    adapters = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -170,6 +199,8 @@ class EndpointKey(HashedKey):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The adapters (names) it may call, and only those; empty: the endpoint's model and all.
+    adapters = models.JSONField(default=list, blank=True)
 
     class Meta(HashedKey.Meta):
         pass
@@ -182,6 +213,8 @@ class MetricSample(models.Model):
     revision = models.ForeignKey(
         Revision, null=True, blank=True, on_delete=models.CASCADE, related_name="samples"
     )
+    # Generative endpoints: the adapter the requests named ("" for the endpoint's model).
+    adapter = models.CharField(max_length=60, blank=True, default="")
     host = models.ForeignKey(ServingHost, null=True, on_delete=models.SET_NULL, related_name="+")
     at = models.DateTimeField(db_index=True)
     window_s = models.FloatField()

@@ -43,11 +43,22 @@ def export_dir(version: ModelVersion) -> Path:
 
 
 def revision_config(revision: Revision) -> dict:
-    """What the serving host is told to load; a change of any of it is a reload."""
+    """What the serving host is told to load; a change of any of it but the adapters is a
+    reload (the adapters are loaded and unloaded in place)."""
+    from deployment.adapters import adapter_problem
+
     version = revision.model_version
+    adapters = {
+        a.name: {
+            "export_dir": str(export_dir(a.model_version)),
+            "manifest_sha256": _manifest_sha256(a.model_version),
+        }
+        for a in revision.endpoint.adapters.all()
+        if adapter_problem(version, a.model_version) is None  # a canary of another base: not
+    }
     return {
         "export_dir": str(export_dir(version)),
-        "manifest_sha256": version.files.get(storage.MODEL_EXPORT + MANIFEST, {}).get("sha256", ""),
+        "manifest_sha256": _manifest_sha256(version),
         "model": f"{version.name} v{version.number}",
         "device": profile(revision.device_type).paddle_device,
         "replicas": revision.replicas,
@@ -55,7 +66,12 @@ def revision_config(revision: Revision) -> dict:
         "max_wait_ms": float(revision.max_wait_ms),
         # An external engine's own server instead of the platform's processes.
         **({"engine": revision.engine} if revision.engine != BUILTIN else {}),
+        **({"adapters": adapters} if adapters else {}),
     }
+
+
+def _manifest_sha256(version: ModelVersion) -> str:
+    return version.files.get(storage.MODEL_EXPORT + MANIFEST, {}).get("sha256", "")
 
 
 def _placement(revision: Revision, host: ServingHost, described: dict | None, error: str = ""):
@@ -69,6 +85,7 @@ def _placement(revision: Revision, host: ServingHost, described: dict | None, er
             "state": state,
             "error": error or (described or {}).get("error", ""),
             "replicas_ready": (described or {}).get("replicas_ready", 0),
+            "adapters": (described or {}).get("adapters") or {},
             "updated_at": timezone.now(),
         },
     )
@@ -107,7 +124,8 @@ def host_reconcile(host: ServingHost) -> None:
 
     wanted = list(
         Revision.objects.filter(status=Revision.Status.ACTIVE, device_type__in=host.devices)
-        .select_related("model_version", "endpoint")
+        .select_related("model_version__job", "endpoint")
+        .prefetch_related("endpoint__adapters__model_version__job")
         .order_by("pk")
     )
     placements = {p.revision_id: p for p in Placement.objects.filter(host=host)}
@@ -149,7 +167,7 @@ def host_reconcile(host: ServingHost) -> None:
             client.unload(key)
             Placement.objects.filter(host=host, revision_id=Revision.pk_from_key(key)).delete()
 
-    endpoints = Endpoint.objects.filter(pk__in=by_endpoint).prefetch_related("keys")
+    endpoints = Endpoint.objects.filter(pk__in=by_endpoint).prefetch_related("keys", "adapters")
     for endpoint in endpoints:
         table = {r.key: r.weight for r in by_endpoint[endpoint.pk]}
         table.update(dict.fromkeys(keep.get(endpoint.pk, []), 0))
@@ -159,6 +177,7 @@ def host_reconcile(host: ServingHost) -> None:
                 "id": k.pk,
                 "rate_per_s": k.rate_per_s,
                 "expires_at": k.expires_at.timestamp() if k.expires_at else None,
+                "adapters": k.adapters or None,  # None: any
             }
             for k in endpoint.keys.all()
             if k.revoked_at is None  # an expired key too: the host says it expired
@@ -170,6 +189,7 @@ def host_reconcile(host: ServingHost) -> None:
                 "keys": keys,
                 "max_inputs": endpoint.max_inputs,
                 "max_tokens": endpoint.max_tokens,
+                "adapters": {a.name: {"rate_per_s": a.rate_per_s} for a in endpoint.adapters.all()},
                 # The platform's own calls (try-it, playground, pre-annotation) use this key.
                 "platform_key": platform_key_hash(endpoint.name),
             },

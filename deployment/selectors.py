@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 from console.models import Team
 from deployment.models import (
     Endpoint,
+    EndpointAdapter,
     EndpointKey,
     MetricSample,
     Placement,
@@ -68,6 +69,14 @@ def endpoint_keys(endpoint: Endpoint) -> QuerySet[EndpointKey]:
     return endpoint.keys.all()
 
 
+def endpoint_adapters(endpoint: Endpoint) -> QuerySet[EndpointAdapter]:
+    return endpoint.adapters.select_related("model_version").order_by("name")
+
+
+def endpoint_adapter_get(endpoint: Endpoint, adapter_id: int) -> EndpointAdapter:
+    return get_object_or_404(endpoint_adapters(endpoint), pk=adapter_id)
+
+
 def endpoint_key_get(endpoint: Endpoint, key_id: int) -> EndpointKey:
     return get_object_or_404(endpoint.keys.all(), pk=key_id)
 
@@ -105,13 +114,14 @@ def endpoint_state(endpoint: Endpoint, revisions) -> str:
 def endpoint_metrics(endpoint: Endpoint, minutes: int = 60, points: int = 30) -> dict:
     """Totals over the last ``minutes`` and a series of ``points`` time steps: requests per
     second, p50/p95/p99 latency (ms), error rate, and for generative endpoints tokens per
-    second and the time to the first token (p50/p95); and totals per revision."""
+    second and the time to the first token (p50/p95); and totals per revision and per
+    adapter (``""``: the endpoint's own model)."""
     now = timezone.now()
     since = now - timedelta(minutes=minutes)
     step = minutes * 60 / points
     samples = list(
         MetricSample.objects.filter(endpoint=endpoint, at__gt=since).values(
-            "at", "revision_id", "latency", "ttft", *COUNTERS
+            "at", "revision_id", "adapter", "latency", "ttft", *COUNTERS
         )
     )
     width = len(BUCKETS_MS) + 1
@@ -126,11 +136,12 @@ def endpoint_metrics(endpoint: Endpoint, minutes: int = 60, points: int = 30) ->
             for i, n in enumerate((s[h] or [])[:width]):
                 acc[h][i] += n
 
-    total, per_revision = empty(), {}
+    total, per_revision, per_adapter = empty(), {}, {}
     buckets = [empty() for _ in range(points)]
     for s in samples:
         add(total, s)
         add(per_revision.setdefault(s["revision_id"], empty()), s)
+        add(per_adapter.setdefault(s["adapter"], empty()), s)
         index = min(points - 1, int((s["at"] - since).total_seconds() // step))
         add(buckets[index], s)
 
@@ -155,6 +166,7 @@ def endpoint_metrics(endpoint: Endpoint, minutes: int = 60, points: int = 30) ->
         "minutes": minutes,
         "total": figures(total, minutes * 60),
         "revisions": {str(k): figures(v, minutes * 60) for k, v in per_revision.items() if k},
+        "adapters": {k: figures(v, minutes * 60) for k, v in per_adapter.items() if k},
         "series": [
             {"t": (since + timedelta(seconds=step * (i + 1))).isoformat(), **figures(b, step)}
             for i, b in enumerate(buckets)

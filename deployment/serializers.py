@@ -5,6 +5,7 @@ from deployment.models import (
     MAX_TOKENS_DEFAULT,
     MAX_TOKENS_LIMIT,
     Endpoint,
+    EndpointAdapter,
     EndpointKey,
     Placement,
     Revision,
@@ -145,11 +146,27 @@ class WeightSerializer(serializers.Serializer):
 class KeySerializer(serializers.ModelSerializer):
     class Meta:
         model = EndpointKey
-        fields = ["id", "name", "prefix", "rate_per_s", "created_at", "revoked_at", "expires_at"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "rate_per_s",
+            "adapters",
+            "created_at",
+            "revoked_at",
+            "expires_at",
+        ]
 
 
 class KeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
+    adapters = serializers.ListField(
+        child=serializers.CharField(max_length=60),
+        required=False,
+        default=list,
+        max_length=64,
+        help_text="The endpoint's adapters the key may call, and only those; empty: all.",
+    )
     rate_per_s = serializers.FloatField(required=False, allow_null=True, default=None)
     expires_in_days = serializers.IntegerField(
         required=False,
@@ -166,6 +183,34 @@ class KeyCreatedSerializer(KeySerializer):
 
     class Meta(KeySerializer.Meta):
         fields = [*KeySerializer.Meta.fields, "key"]
+
+
+class AdapterSerializer(serializers.ModelSerializer):
+    model = serializers.SerializerMethodField(help_text='OpenAI\'s "model" to call it with.')
+    state = serializers.SerializerMethodField(
+        help_text="Per serving host (url): its state there, and the error where it failed."
+    )
+
+    class Meta:
+        model = EndpointAdapter
+        fields = ["id", "name", "model", "model_version", "rate_per_s", "created_at", "state"]
+
+    def get_model(self, adapter: EndpointAdapter) -> str:
+        return f"{adapter.endpoint.name}/{adapter.name}"
+
+    def get_state(self, adapter: EndpointAdapter) -> dict[str, dict]:
+        placements = Placement.objects.filter(
+            revision__endpoint_id=adapter.endpoint_id, revision__status="active"
+        ).select_related("host")
+        return {
+            p.host.url: p.adapters[adapter.name] for p in placements if adapter.name in p.adapters
+        }
+
+
+class AdapterCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=60)
+    model_version = serializers.IntegerField(help_text="A LoRA version of the same base model.")
+    rate_per_s = serializers.FloatField(required=False, allow_null=True, default=None)
 
 
 class PredictSerializer(serializers.Serializer):

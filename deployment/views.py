@@ -16,7 +16,8 @@ from console.pagination import paginate
 from console.permissions import team_view
 from console.roles import Perm, role_allows
 from deployment import rollout, selectors
-from deployment.forms import CanaryForm, DeployForm, KeyForm, PreannotateForm
+from deployment.adapters import adapter_add, adapter_remove, adapter_versions
+from deployment.forms import AdapterForm, CanaryForm, DeployForm, KeyForm, PreannotateForm
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.preannotate import preannotate_start
 from deployment.quality import compare_with_serving
@@ -88,6 +89,10 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
     keys, keys_query = paginate(request, selectors.endpoint_keys(endpoint), param="keys")
     can_write = role_allows(request.membership.role, Perm.DEPLOYMENT_WRITE)
     generative = endpoint.task_kind in GENERATIVE_KINDS
+    adapters = list(selectors.endpoint_adapters(endpoint)) if generative else []
+    # Each adapter's state on every placement of an active revision (the serving hosts').
+    placements = [p for r in active for p in r.placements.all()]
+    adapter_rows = [(a, [(p, p.adapters.get(a.name)) for p in placements]) for a in adapters]
     # Each running canary beside the serving version (the quality gate, deployment.quality).
     canaries = [
         (r, comparison)
@@ -111,7 +116,11 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
             "keys": keys,
             "keys_query": keys_query,
             "new_key": new_key,
-            "key_form": KeyForm(),
+            "key_form": KeyForm(adapters=[a.name for a in adapters]),
+            "adapter_rows": adapter_rows,
+            "adapter_form": AdapterForm(versions=adapter_versions(endpoint))
+            if generative and can_write
+            else None,
             "canary_form": CanaryForm(endpoint=endpoint),
             "canaries": canaries,
             "worse_canaries": {r.pk for r, comparison in canaries if comparison["worse"]},
@@ -218,7 +227,8 @@ def key_create(request: HttpRequest, endpoint_id: int) -> HttpResponse:
         page = reverse("deployment:endpoint", args=[request.team.slug, endpoint.pk])
         query = request.GET.urlencode()
         return redirect(f"{page}?{query}" if query else page)
-    form = KeyForm(request.POST)
+    names = list(selectors.endpoint_adapters(endpoint).values_list("name", flat=True))
+    form = KeyForm(request.POST, adapters=names)
     if not form.is_valid():
         return _form_refused(request, endpoint, form)
     try:
@@ -242,6 +252,33 @@ def key_revoke(request: HttpRequest, endpoint_id: int, endpoint_key_id: int) -> 
     key = selectors.endpoint_key_get(endpoint, endpoint_key_id)
     endpoint_key_revoke(actor=request.user, key=key)
     messages.success(request, _("The key is revoked."))
+    return _endpoint_page(request, endpoint)
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def endpoint_adapter_add(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    form = AdapterForm(request.POST, versions=adapter_versions(endpoint))
+    if not form.is_valid():
+        return _form_refused(request, endpoint, form)
+    return _action(
+        request,
+        endpoint,
+        lambda: adapter_add(actor=request.user, endpoint=endpoint, **form.cleaned_data),
+        _("The adapter is added: the serving hosts load it beside the model."),
+    )
+
+
+@team_view(write=Perm.DEPLOYMENT_WRITE)
+@require_POST
+def endpoint_adapter_remove(
+    request: HttpRequest, endpoint_id: int, adapter_id: int
+) -> HttpResponse:
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    adapter = selectors.endpoint_adapter_get(endpoint, adapter_id)
+    adapter_remove(actor=request.user, adapter=adapter)
+    messages.success(request, _("The adapter is removed."))
     return _endpoint_page(request, endpoint)
 
 

@@ -17,6 +17,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,7 @@ class Adapters:
         self.stacks: dict[str, tuple] = {}  # module → (A [N+1, in, R], B [N+1, R, out])
         self.rows = None  # the routed rows' stack indices (a framework tensor), or None
         self.adapted = None  # [rows, 1, 1]: 1 where the row has an adapter
-        self.hooks: dict[str, object] = {}
+        self.hooks: dict[str, Any] = {}  # module → its hook's handle (``remove()``)
 
     def __contains__(self, name: str) -> bool:
         return name in self.loaded

@@ -1,9 +1,11 @@
 """The OpenAI-compatible API of generative endpoints: ``POST /v1/chat/completions`` and
 ``POST /v1/completions``, with server-sent events when ``stream`` is true.
 
-``model`` names the endpoint; keys, rate limits and the traffic split are the predictive API's
-(``app.admit``). Errors have OpenAI's shape, ``{"error": {"message", "type", "param",
-"code"}}``, so clients such as the ``openai`` package raise their usual exceptions.
+``model`` names the endpoint, or ``<endpoint>/<adapter>`` one of the LoRA adapters it serves
+over its model (``serving/generative.py``); keys, rate limits and the traffic split are the
+predictive API's (``inference_api.admit``). Errors have OpenAI's shape, ``{"error":
+{"message", "type", "param", "code"}}``, so clients such as the ``openai`` package raise
+their usual exceptions.
 """
 
 import asyncio
@@ -128,9 +130,10 @@ async def complete(
     chat: bool,
     series,
     max_tokens: int,
+    adapter: str = "",
 ) -> Response:
-    """Generate for one chat or completions request: one JSON answer, or an event stream;
-    ``max_tokens``: the endpoint's cap on a reply."""
+    """Generate for one chat or completions request (with ``adapter``, "" for none): one JSON
+    answer, or an event stream; ``max_tokens``: the endpoint's cap on a reply."""
     started = time.perf_counter()
     tokenizer = revision.tokenizer
     assert tokenizer is not None  # set at load; only a ready revision is called
@@ -155,7 +158,9 @@ async def complete(
     stream = bool(body.get("stream"))
     options = body.get("stream_options") or {}
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    generation = GenerationRequest(prompt_ids, **params, prefix_tokens=prefix_tokens)
+    generation = GenerationRequest(
+        prompt_ids, **params, prefix_tokens=prefix_tokens, adapter=adapter
+    )
     deltas = revision.stream(generation)
     created = int(time.time())
     kind = "chatcmpl" if chat else "cmpl"

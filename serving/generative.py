@@ -11,6 +11,13 @@ A client that goes away cancels its request: it leaves the batch at the next ste
 ``max_queue`` requests wait (by default 4 per request the batches hold); beyond, the API
 answers 429 with a Retry-After from the recent requests' durations.
 
+Many LoRA adapters over the revision's model (``runtime.adapters``): ``"adapters": {name:
+{"export_dir", "manifest_sha256"}}`` in its config (LoRA versions of the same base model). The
+host checks each adapter's files against its manifest, stages them for the processes, and each
+process loads it beside the model it serves; a request names one (``GenerationRequest.adapter``).
+A change of the adapters alone is applied in place: the model is not loaded again, and a
+removed adapter leaves each process once no request of its batch runs with it.
+
 ``"batching": "static"`` in a revision's config runs the engine as it was before, kept as the
 benchmark's baseline (``benchmarks/generation.py``): requests are admitted only when the
 process's batch is empty (up to ``max_batch_size``, waiting ``max_wait_ms`` for them), and rows
@@ -20,27 +27,32 @@ that are done stay in the batch until all are.
 import asyncio
 import contextlib
 import math
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import cast
 
+from runtime.adapters import NAME, AdapterError
 from runtime.chat import ChatTokenizer
 from runtime.generation import Delta, GenerationRequest
+from runtime.inference import MANIFEST, read_manifest, sha256_file
 from serving.replica import Replica, receive, send, serve
-from serving.revision import PredictError, Revision
+from serving.revision import PredictError, Revision, stage_export
 
 
 def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) -> None:
     """The generation process: load, warm up with a full batch, then run the batch: what the
     host sends joins it (``{"join": [requests], "static": …}``) or leaves it (``{"cancel":
     [ids]}``) at the next step, and each step's deltas go back, until it is empty and the
-    process waits again."""
+    process waits again. ``{"adapters": {"load": {name: directory}, "unload": [names]}}``
+    loads adapters (answered ``("adapters", {name: {"bytes"} or {"error"}})``) and unloads
+    others once no request of the batch runs with them."""
 
     def load():
         from runtime.generation import Generator
@@ -51,6 +63,24 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
             [GenerationRequest(prompt, max_tokens=4, temperature=0)] * max_batch_size
         )
         batch = generator.batch()
+        leaving: set[str] = set()  # adapters to unload once no request runs with them
+
+        def unload_unused() -> None:
+            for name in leaving - {s.request.adapter for s in batch.streams}:
+                generator.unload_adapter(name)
+                leaving.discard(name)
+
+        def adapters(message: dict) -> None:
+            answers: dict[str, dict[str, object]] = {}
+            for name, directory in message.get("load", {}).items():
+                leaving.discard(name)
+                try:
+                    answers[name] = {"bytes": generator.load_adapter(name, Path(directory))}
+                except Exception as exc:  # the host shows it; the others go on
+                    answers[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            leaving.update(message.get("unload", []))
+            unload_unused()
+            send(conn, ("adapters", answers))
 
         def take(message) -> None:
             nonlocal batch
@@ -59,9 +89,18 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
             if "cancel" in message:
                 batch.cancel(set(message["cancel"]))
                 return
+            if "adapters" in message:
+                adapters(message["adapters"])
+                return
             if not len(batch) and batch.static != message["static"]:
                 batch = generator.batch(message["static"])
-            batch.add([GenerationRequest(**r) for r in message["join"]])
+            requests = [GenerationRequest(**r) for r in message["join"]]
+            # An adapter unloaded before its request arrived: that request fails, alone.
+            known = set(generator.adapters.names()) if generator.adapters else set()
+            lost = [r.id for r in requests if r.adapter and r.adapter not in known]
+            if lost:
+                send(conn, ("rejected", {"ids": lost, "error": "its adapter was unloaded"}))
+            batch.add([r for r in requests if r.id not in lost])
 
         def handle(message) -> None:
             nonlocal batch
@@ -73,6 +112,8 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
                     deltas = batch.step()
                     if deltas:
                         send(conn, ("step", [asdict(d) for d in deltas]))
+                    if leaving:
+                        unload_unused()
             except Exception:
                 batch = generator.batch()  # its requests are failed by the host
                 raise
@@ -87,8 +128,8 @@ class GenerationReplica(Replica):
     name = "generator"
 
     def submit(self, message: dict) -> None:
-        """``{"join": [requests], "static": bool}`` or ``{"cancel": [ids]}``; RuntimeError if
-        the process is gone."""
+        """``{"join": [requests], "static": bool}``, ``{"cancel": [ids]}`` or ``{"adapters":
+        …}``; RuntimeError if the process is gone."""
         with self.lock:
             try:
                 self.conn.send(message)
@@ -98,8 +139,8 @@ class GenerationReplica(Replica):
                 ) from None
 
     def read(self) -> tuple[str, object]:
-        """The process's next message (blocks): ("step", deltas), ("error", why), or
-        ("died", why) when the pipe is gone."""
+        """The process's next message (blocks): ("step", deltas), ("adapters", answers),
+        ("error", why), or ("died", why) when the pipe is gone."""
         try:
             return receive(self.conn)
         except (EOFError, OSError, ValueError):
@@ -148,6 +189,14 @@ class GenerativeRevision(Revision):
         # Per process: the requests it is generating (by id), and an event set when one ends.
         self.running: list[dict[int, Waiting]] = []
         self.freed: list[asyncio.Event] = []
+        # LoRA adapters by name: {"state": loading, ready or failed, "error", "bytes"}; the
+        # config's spec each was loaded from, its staged directory (and the export's), and the
+        # processes that have not answered its load yet.
+        self.adapters: dict[str, dict] = {}
+        self.adapter_specs: dict[str, dict] = {}
+        self.adapter_dirs: dict[str, tuple[Path, Path]] = {}
+        self.adapter_waiting: dict[str, set[int]] = {}
+        self.adapter_lock = asyncio.Lock()
 
     async def load(self) -> None:
         await super().load()
@@ -158,6 +207,103 @@ class GenerativeRevision(Revision):
             self.tokenizer = ChatTokenizer(export_dir)
             config = json.loads((export_dir / "config.json").read_text("utf-8"))
             self.context_length = int(config.get("max_position_embeddings") or 2048)
+            await self.apply_adapters()
+
+    def adapter_state(self, name: str) -> dict | None:
+        return self.adapters.get(name)
+
+    async def set_adapters(self, specs: dict[str, dict]) -> None:
+        """The config's adapters changed, and nothing else: applied without a reload."""
+        self.config["adapters"] = specs
+        if self.state == "ready":
+            await self.apply_adapters()
+
+    async def apply_adapters(self) -> None:
+        """Bring the processes' adapters in step with the config: those removed (or changed)
+        unloaded, the new ones checked, staged and loaded by every process."""
+        async with self.adapter_lock:
+            wanted = self.config.get("adapters") or {}
+            gone = [n for n, spec in self.adapter_specs.items() if wanted.get(n) != spec]
+            for name in gone:
+                del self.adapter_specs[name], self.adapters[name]
+                self.adapter_waiting.pop(name, None)
+            if gone:
+                for index in range(len(self.replicas)):
+                    self._send_adapters(index, {}, gone)
+                for name in gone:  # the processes hold what they loaded in memory
+                    self._remove_staged(name)
+            loop = asyncio.get_running_loop()
+            runtime = self.manifest.get("runtime", "")
+            loads = {}
+            for name, spec in wanted.items():
+                if name in self.adapter_specs:
+                    continue
+                self.adapter_specs[name] = spec
+                self.adapters[name] = {"state": "loading", "error": "", "bytes": None}
+                try:
+                    self.adapter_dirs[name] = await loop.run_in_executor(
+                        self.pool, self._stage_adapter, name, spec, runtime
+                    )
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    self.adapters[name].update(state="failed", error=f"{type(exc).__name__}: {exc}")
+                    continue
+                loads[name] = str(self.adapter_dirs[name][0])
+            for index in range(len(self.replicas)):
+                self._send_adapters(index, loads)
+
+    def _stage_adapter(self, name: str, spec: dict, runtime: str) -> tuple[Path, Path]:
+        """An adapter's files checked against its version's manifest (and that manifest
+        against the platform's digest), staged for the processes; (staged, source)."""
+        if not NAME.fullmatch(name):
+            raise AdapterError(f"{name!r} is not an adapter name (a-z, 0-9, _ and -)")
+        export_dir = Path(spec["export_dir"])
+        expected = spec.get("manifest_sha256")
+        if expected and sha256_file(export_dir / MANIFEST) != expected:
+            raise ValueError(f"{export_dir / MANIFEST} is not the manifest the platform holds")
+        manifest = read_manifest(export_dir, verify=False)
+        if manifest.get("runtime") != runtime:
+            raise AdapterError(
+                f"it was trained on {manifest.get('runtime')}; this model runs on {runtime}"
+            )
+        adapter = manifest.get("adapter_dir")
+        if not adapter:
+            raise AdapterError("its version was not fine-tuned with LoRA: it has no adapter")
+        for file, digest in manifest["files"].items():
+            if file.startswith(adapter + "/") and sha256_file(export_dir / file) != digest:
+                raise ValueError(f"{file} does not match its sha256 in the manifest")
+        source = export_dir / adapter
+        return stage_export(f"{self.key}-{name}", source, self.user), source
+
+    def _remove_staged(self, name: str) -> None:
+        staged, source = self.adapter_dirs.pop(name, (None, None))
+        if staged is not None and staged != source:
+            shutil.rmtree(staged.parent, ignore_errors=True)
+
+    def _send_adapters(self, index: int, load: dict[str, str], unload: Sequence[str] = ()) -> None:
+        if not load and not unload:
+            return
+        for name in load:
+            self.adapter_waiting.setdefault(name, set()).add(index)
+        message = {"adapters": {"load": load, "unload": list(unload)}}
+        asyncio.get_running_loop().run_in_executor(
+            self.pool, self._submit_quietly, self._replica_at(index), message
+        )
+
+    def _on_adapters(self, index: int, answers: dict) -> None:
+        """A process's answers to the adapters it was sent: ready once every process has
+        loaded one, failed (with the reason) where one could not."""
+        for name, answer in answers.items():
+            waiting = self.adapter_waiting.get(name)
+            if waiting is None or index not in waiting:
+                continue  # unloaded meanwhile
+            waiting.discard(index)
+            state = self.adapters[name]
+            if "error" in answer:
+                state.update(state="failed", error=str(answer["error"]))
+            else:
+                state["bytes"] = answer.get("bytes")
+            if not waiting and state["state"] == "loading":
+                state["state"] = "ready"
 
     def shared_prefix(self, messages: list[dict], prompt_ids: list[int]) -> int:
         """How many of the prompt's first tokens are its system turn's, which the requests of
@@ -191,6 +337,7 @@ class GenerativeRevision(Revision):
             "running": sum(len(r) for r in self.running),
             "max_queue": self.max_queue,
             "cancelled": self.cancelled,
+            "adapters": self.adapters,
         }
 
     def retry_after(self) -> int | None:
@@ -296,6 +443,16 @@ class GenerativeRevision(Revision):
         if replica is not self.replicas[index]:
             return  # a replaced process's last words
         running = self.running[index]
+        if kind == "adapters":
+            self._on_adapters(index, payload)
+            return
+        if kind == "rejected":
+            for request_id in payload["ids"]:
+                waiting = running.pop(request_id, None)
+                if waiting is not None:
+                    waiting.deltas.put_nowait(PredictError(payload["error"]))
+            self.freed[index].set()
+            return
         if kind == "step":
             for d in payload:
                 delta = Delta(**d)
@@ -321,12 +478,16 @@ class GenerativeRevision(Revision):
         await self._restart(index)
         if self.state == "ready":
             self._start_reader(index, asyncio.get_running_loop())
+            # The new process loads the adapters the one it replaces had.
+            self._send_adapters(index, {n: str(d[0]) for n, d in self.adapter_dirs.items()})
             self.freed[index].set()
 
     async def unload(self) -> None:
         while not self.queue.empty():
             self.queue.get_nowait().deltas.put_nowait(PredictError("the revision was unloaded"))
         await super().unload()
+        for name in list(self.adapter_dirs):
+            self._remove_staged(name)
         for running in self.running:
             for waiting in running.values():
                 waiting.deltas.put_nowait(PredictError("the revision was unloaded"))

@@ -49,6 +49,10 @@ class Route_:
     # The sha256 of the platform's own key to this endpoint (the console's try-it box and
     # playground, pre-annotation): no rate limit, no expiry, not listed among the keys.
     platform_key: str = ""
+    # Generative endpoints: the LoRA adapters requests may name (``model`` "<endpoint>/<name>"),
+    # each {"rate_per_s": its requests per second over all keys, or None}. A key's record may
+    # hold "adapters", the names it may call (None: all).
+    adapters: dict[str, dict] = field(default_factory=dict)
 
     def key(self, key_hash: str) -> dict | None:
         """The key record of a key hash, or None when the key is not one of this endpoint's."""

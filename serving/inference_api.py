@@ -92,13 +92,23 @@ def shape(pred: dict, top_k: int) -> dict:
     return {"label": pred["label"], "score": pred["score"], "top_k": ranked[:top_k], **read}
 
 
-async def admit(request: Request, host: Host, name: str) -> Revision | Response:
-    """The revision that answers a call to endpoint ``name``, or the error response: an unknown
-    endpoint, a missing or wrong key, a key over its rate, no revision ready. Reads no body.
+def _throttled(host: Host, bucket_key: str, rate: float) -> float:
+    """0 when a request within ``rate`` per second may pass, else the seconds until one may."""
+    bucket = host.buckets.get(bucket_key)
+    if bucket is None or bucket.rate != rate:
+        bucket = host.buckets[bucket_key] = TokenBucket(rate, max(1.0, rate))
+    return bucket.take()
+
+
+async def admit(request: Request, host: Host, name: str, adapter: str = "") -> Revision | Response:
+    """The revision that answers a call to endpoint ``name`` (with its LoRA ``adapter``), or
+    the error response: an unknown endpoint, a missing or wrong key, an adapter the endpoint
+    lacks or the key may not call, a key or adapter over its rate, no revision ready. Reads no
+    body.
 
     An unknown endpoint and a key that is not this endpoint's (none, a wrong one, another
     endpoint's, the management secret) get the same answer; only a key of this endpoint hears
-    that it expired."""
+    that it expired, and an adapter it may not call is one that does not exist."""
     route = host.endpoints.get(name)
     key_hash = protocol.key_hash(protocol.presented_key(request))
     key = route.key(key_hash) if route is not None and key_hash else None
@@ -113,19 +123,32 @@ async def admit(request: Request, host: Host, name: str) -> Revision | Response:
         host.metrics.count(name, "", "unauthorized")
         when = datetime.fromtimestamp(float(expires_at), UTC).isoformat(timespec="minutes")
         return protocol.error(401, "unauthorized", f"this API key expired on {when}")
-    if key.get("rate_per_s"):
-        bucket = host.buckets.get(key_hash)
-        rate = float(key["rate_per_s"])
-        if bucket is None or bucket.rate != rate:
-            bucket = host.buckets[key_hash] = TokenBucket(rate, max(1.0, rate))
-        wait = bucket.take()
+    model = f"{name}/{adapter}" if adapter else name
+    allowed = key.get("adapters")  # a key of some adapters calls them alone
+    if (adapter and adapter not in route.adapters) or (
+        allowed is not None and adapter not in allowed
+    ):
+        host.metrics.count(name, "", "requests")
+        host.metrics.count(name, "", "client_errors")
+        return protocol.error(
+            404,
+            "model_not_found",
+            f"{model!r} is not a model of this endpoint that this key may call",
+            param="model",
+        )
+    limits = [(key_hash, float(key.get("rate_per_s") or 0), "this key may send")]
+    if adapter:
+        rate = float(route.adapters[adapter].get("rate_per_s") or 0)
+        limits.append((f"adapter:{model}", rate, f"{model!r} takes"))
+    for bucket_key, rate, who in limits:
+        wait = _throttled(host, bucket_key, rate) if rate else 0.0
         if wait:
-            host.metrics.count(name, "", "requests")
-            host.metrics.count(name, "", "rate_limited")
+            host.metrics.count(model, "", "requests")
+            host.metrics.count(model, "", "rate_limited")
             return protocol.error(
                 429,
                 "rate_limited",
-                f"this key may send {rate:g} requests per second",
+                f"{who} {rate:g} requests per second",
                 headers={"Retry-After": str(math.ceil(wait))},
             )
     revision = host.choose(route)
@@ -202,11 +225,18 @@ async def _openai(request: Request, chat: bool) -> Response:
             400, "invalid_value", "model (the endpoint's name) is required", param="model"
         )
     name = body["model"]
-    revision = await admit(request, host, name)
+    # "<endpoint>/<adapter>": one of the LoRA adapters the endpoint serves over its model.
+    endpoint, _slash, adapter = name.partition("/")
+    revision = await admit(request, host, endpoint, adapter)
     if isinstance(revision, Response):
         return revision
-    series = host.metrics.get(name, revision.key)
+    series = host.metrics.get(name, revision.key)  # per adapter too
     series.counts["requests"] += 1
+    if adapter and not isinstance(revision, GenerativeRevision):
+        series.counts["errors"] += 1
+        return protocol.error(
+            503, "not_ready", f"revision {revision.key} of {endpoint!r} serves no adapters"
+        )
     if isinstance(revision, EngineRevision):
         try:
             path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -230,10 +260,20 @@ async def _openai(request: Request, chat: bool) -> Response:
             f"{name!r} has {revision.queue.qsize()} requests waiting, as many as it queues",
             headers={"Retry-After": str(retry_after)},
         )
+    if adapter:
+        state = revision.adapter_state(adapter) or {"state": "not loaded", "error": ""}
+        if state["state"] != "ready":
+            series.counts["errors"] += 1
+            why = f": {state['error']}" if state["error"] else ""
+            return protocol.error(
+                503,
+                "not_ready",
+                f"adapter {adapter!r} is {state['state']} on revision {revision.key}{why}",
+            )
     try:
-        route = host.endpoints.get(name)  # unrouted meanwhile: the host's default cap
+        route = host.endpoints.get(endpoint)  # unrouted meanwhile: the host's default cap
         limit = route.max_tokens if route is not None else MAX_TOKENS
-        return await chat_api.complete(request, body, name, revision, chat, series, limit)
+        return await chat_api.complete(request, body, name, revision, chat, series, limit, adapter)
     except chat_api.RequestError as exc:
         failed = exc.code == "generation_failed"
         if not failed:

@@ -7,6 +7,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime.adapters import MAX_ADAPTERS, NAME
 from runtime.generation import RUNTIMES as GENERATIVE_RUNTIMES
 from runtime.inference import read_manifest
 from serving import engines, protocol
@@ -58,6 +59,7 @@ async def state(request: Request, host: Host) -> Response:
                     # Key id → its expiry (epoch seconds, None: never); never the hashes.
                     "key_expiry": {str(k.get("id")): k.get("expires_at") for k in r.keys.values()},
                     "max_inputs": r.max_inputs,
+                    "adapters": sorted(r.adapters),
                 }
                 for name, r in host.endpoints.items()
             },
@@ -77,6 +79,22 @@ def _revision_class(config: dict) -> type[Revision]:
     return GenerativeRevision if runtime in GENERATIVE_RUNTIMES else Revision
 
 
+def _check_adapters(config: dict) -> None:
+    """``adapters``: {name: {"export_dir": str, "manifest_sha256": str}}, if any."""
+    adapters = config.get("adapters")
+    if adapters is None:
+        return
+    if not isinstance(adapters, dict) or len(adapters) > MAX_ADAPTERS:
+        raise InputError(f'"adapters" must be an object of at most {MAX_ADAPTERS} adapters', 400)
+    for name, spec in adapters.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("export_dir"), str):
+            raise InputError(f'adapter {name!r} needs an "export_dir"', 400)
+
+
+def _but_adapters(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "adapters"}
+
+
 @_manager
 async def revision_put(request: Request, host: Host) -> Response:
     key = request.path_params["key"]
@@ -84,12 +102,24 @@ async def revision_put(request: Request, host: Host) -> Response:
         config = await _body(request)
         if not isinstance(config.get("export_dir"), str):
             raise InputError('"export_dir" is required', 400)
+        _check_adapters(config)
     except InputError as exc:
         return protocol.error(exc.status, "invalid", exc.message)
     current = host.revisions.get(key)
     wanted = _revision_class(config)(key, config)
     if current is not None and current.config == wanted.config and current.state != "failed":
         wanted.pool.shutdown()
+        return protocol.JSONResponse(current.describe())
+    if (
+        isinstance(current, GenerativeRevision)
+        and current.state in ("loading", "ready")
+        and _but_adapters(current.config) == _but_adapters(wanted.config)
+    ):
+        # Only its adapters changed: loaded and unloaded in place, the model not again.
+        wanted.pool.shutdown()
+        request.app.state.loads.add(
+            asyncio.create_task(current.set_adapters(wanted.config.get("adapters") or {}))
+        )
         return protocol.JSONResponse(current.describe())
     if current is not None:
         await current.unload()
@@ -120,9 +150,14 @@ async def endpoint_put(request: Request, host: Host) -> Response:
         platform_key = str(body.get("platform_key") or "")
         if platform_key and not SHA256_HEX.fullmatch(platform_key):
             raise ValueError(f"platform_key is not a sha256 in hex: {platform_key[:80]!r}")
+        # Adapter name → {"rate_per_s": requests per second over all keys, or None}.
+        adapters = {str(n): dict(v) for n, v in (body.get("adapters") or {}).items()}
+        for name in adapters:
+            if not NAME.fullmatch(name) or len(adapters) > MAX_ADAPTERS:
+                raise ValueError(f"{name[:80]!r} is not an adapter name, or there are too many")
     except (InputError, TypeError, ValueError) as exc:
         return protocol.error(400, "invalid", str(exc))
-    route = Route_(revisions, keys, max_inputs, max_tokens, platform_key)
+    route = Route_(revisions, keys, max_inputs, max_tokens, platform_key, adapters)
     host.set_route(request.path_params["name"], route)
     return Response(status_code=204)
 

@@ -107,6 +107,56 @@ def llm_exports(tmp_path_factory):
     return get
 
 
+def train_lora_export(workdir: Path, base: Path, kind: str, rows: list[dict]) -> Path:
+    """A LoRA fine-tuning of the imported base model ``base`` (paddle) by the job runner;
+    its export (the adapter merged, and beside it alone)."""
+    from runtime.spec import Hyperparameters, JobSpec
+
+    data = workdir / "data"
+    data.mkdir(parents=True)
+    for split, part in (("train", rows[:-8]), ("dev", rows[-8:])):
+        with open(data / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
+    hp = Hyperparameters(
+        epochs=2,
+        batch_size=8,
+        learning_rate=1e-2,
+        max_seq_length=64,
+        checkpoint_steps=0,
+        eval_generations=0,
+        method="lora",
+    )
+    JobSpec(
+        job_id=1,
+        task_kind=kind,
+        labels=[],
+        backend="paddle",
+        base_model_dir=str(base),
+        hyperparameters=hp,
+    ).save(workdir)
+    _run_runner(workdir, "paddle")
+    return workdir / "export"
+
+
+@pytest.fixture(scope="session")
+def lora_exports(django_db_setup, tmp_path_factory) -> dict[str, Path]:
+    """Two LoRA versions of one imported tiny LLaMA (paddle, its weights as the import leaves
+    them): "sums" (SFT on sums) and "prefs" (DPO on preference pairs)."""
+    from tests.helpers.models import MAKE_LLM, model_dir
+    from tests.runtime.test_architectures import preferences
+    from tests.runtime.test_llm_runner import sums
+
+    base = model_dir(MAKE_LLM, "tiny-llama-paddle-imported", "paddle", "safetensors")
+    return {
+        "sums": train_lora_export(
+            tmp_path_factory.mktemp("lora-sums"), base, "instruction", sums(40)
+        ),
+        "prefs": train_lora_export(
+            tmp_path_factory.mktemp("lora-prefs"), base, "preference", preferences(24)
+        ),
+    }
+
+
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
     """Exports by (kind, seed, backend), trained on first use."""
@@ -157,9 +207,18 @@ def model_version(team, owner, exports, int8_exports, llm_exports, tmp_path):
     from training import storage
     from training.models import ModelVersion
 
-    def make(kind: str = "text_classification", seed: int = 0, name: str = "reviews", int8=False):
+    def make(
+        kind: str = "text_classification",
+        seed: int = 0,
+        name: str = "reviews",
+        int8=False,
+        export: Path | None = None,
+        base: str = "",
+    ):
+        """``export``: that one (fine-tuned from the base model named ``base``)."""
         generative = kind in ("instruction", "preference")
-        export = llm_exports(kind) if generative else exports(kind, seed)
+        if export is None:
+            export = llm_exports(kind) if generative else exports(kind, seed)
         if int8:
             export = int8_exports(kind, seed)
         staged = tmp_path / uuid.uuid4().hex
@@ -176,7 +235,7 @@ def model_version(team, owner, exports, int8_exports, llm_exports, tmp_path):
             labels=manifest["labels"],
             backend="paddle",
             runtime=manifest["runtime"],
-            base="llama-tiny-char" if generative else "ernie-micro-char",
+            base=base or ("llama-tiny-char" if generative else "ernie-micro-char"),
             manifest=manifest,
             storage_prefix=prefix,
             files=files,

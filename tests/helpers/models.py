@@ -27,11 +27,12 @@ MAKE_PADDLE = _MAKE_ENCODER.format(package="paddlenlp.transformers", name="Ernie
     '(d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ErnieTokenizer"}))\n'
 )
 MAKE_HF = _MAKE_ENCODER.format(package="transformers", name="Bert")
-# A tiny LLaMA of either backend (argv: directory, backend).
+# A tiny LLaMA of either backend (argv: directory, backend, and "safetensors" for PaddleNLP's
+# weights as safetensors rather than its pickle, as the platform's import leaves them).
 MAKE_LLM = """
 import pathlib, sys
 from runtime.chat import build_char_tokenizer
-d = pathlib.Path(sys.argv[1]); backend = sys.argv[2]
+d = pathlib.Path(sys.argv[1]); backend = sys.argv[2]; safe = sys.argv[3:] == ["safetensors"]
 chars = "0123456789加等于几？。我不知道userassistantsystem"
 tok = build_char_tokenizer([chars], d)
 arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
@@ -39,7 +40,8 @@ arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
             tie_word_embeddings=False, initializer_range=0.2, pad_token_id=0)
 if backend == "paddle":
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-    LlamaForCausalLM(LlamaConfig(use_flash_attention=False, **arch)).save_pretrained(str(d))
+    model = LlamaForCausalLM(LlamaConfig(use_flash_attention=False, **arch))
+    model.save_pretrained(str(d), safe_serialization=safe)
 else:
     from transformers import LlamaConfig, LlamaForCausalLM
     LlamaForCausalLM(LlamaConfig(**arch)).save_pretrained(str(d))

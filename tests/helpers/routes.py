@@ -77,7 +77,7 @@ def object_factories(team, owner) -> dict:
         team=team, name="s", dataset_version=v, backend="paddle", n_trials=2, created_by=owner
     )
     upload = upload_create(actor=owner, team=team, filename="x.csv", size=10)
-    from deployment.models import Endpoint, EndpointKey, Revision
+    from deployment.models import Endpoint, EndpointAdapter, EndpointKey, Revision
 
     endpoint = Endpoint.objects.create(
         team=team, name=f"ep-{team.slug}", task_kind="text_classification"
@@ -85,6 +85,9 @@ def object_factories(team, owner) -> dict:
     revision = Revision.objects.create(endpoint=endpoint, number=1, model_version=model_version)
     endpoint_key = EndpointKey.objects.create(
         endpoint=endpoint, name="k", prefix="mpe_x", key_hash=f"hash-{team.slug}"
+    )
+    adapter = EndpointAdapter.objects.create(
+        endpoint=endpoint, name="a", model_version=model_version
     )
     return {
         "team": lambda: team.slug,
@@ -104,4 +107,5 @@ def object_factories(team, owner) -> dict:
         "endpoint_id": lambda: endpoint.pk,
         "revision_id": lambda: revision.pk,
         "endpoint_key_id": lambda: endpoint_key.pk,
+        "adapter_id": lambda: adapter.pk,
     }

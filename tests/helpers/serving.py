@@ -30,13 +30,16 @@ def route(
     keys: dict | None = None,
     max_inputs: int = 64,
     max_tokens: int | None = None,
+    adapters: dict | None = None,
 ):
     """Route endpoint ``name`` to ``revisions`` (name: weight), open to ``keys`` (KEY unless
-    told)."""
+    told), with ``adapters`` (name: {"rate_per_s"})."""
     keys = {KEY_HASH: {"id": 1, "rate_per_s": None}} if keys is None else keys
     body = {"revisions": revisions, "keys": keys, "max_inputs": max_inputs}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    if adapters is not None:
+        body["adapters"] = adapters
     r = host.manage("PUT", f"/manage/endpoints/{name}", body)
     assert r.status_code == 204, r.text
 
@@ -57,6 +60,17 @@ def converge(host, endpoint, timeout: float = 90) -> None:
         assert "failed" not in states, list(Placement.objects.values("state", "error"))
         assert time.monotonic() < deadline, states
         time.sleep(0.3)
+
+
+def wait_adapters(host, key: str, timeout: float = 60) -> dict:
+    """Revision ``key``'s adapters once none is loading any more: name → state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        adapters = host.state()["revisions"][key]["adapters"]
+        if all(a["state"] != "loading" for a in adapters.values()):
+            return adapters
+        assert time.monotonic() < deadline, adapters
+        time.sleep(0.2)
 
 
 def openai_client(host, key: str = KEY):
