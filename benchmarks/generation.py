@@ -28,15 +28,25 @@ when the last one is done), max_batch_size 16 both; rounds alternate them. Token
 completion token over the round's wall time; time to first token runs from sending a request
 to its first content chunk, queueing included.
 
-Aims: endpoint / bare ≥ 0.7; continuous ≥ 2× static tokens/s with a lower TTFT. Ends with one
-JSON line: bare_tokens_per_s, endpoint_tokens_per_s, ratio, ttft_p50_ms,
-continuous_tokens_per_s, static_tokens_per_s, continuous_vs_static, ttft_p50_ms_continuous,
-ttft_p50_ms_static.
+Then many adapters on one base (issue #22): a base model of the LLaMA architecture (hidden 512,
+8 layers: 25 M parameters, 100 MB in float32) and nine LoRA versions of it trained by the job
+runner (rank 8 on every linear layer, one epoch each, each on its own seed and rows). The
+memory of a generation process (its resident set once it has generated, in a process of its
+own, the runtime venv) serving one merged version against the same process serving that
+version with the eight others loaded as adapters (``runtime.adapters``) and generating for
+eight requests, one per adapter, in one batch; rounds alternate the two, medians.
+
+Aims: endpoint / bare ≥ 0.7; continuous ≥ 2× static tokens/s with a lower TTFT; 8 adapters at
+most 1.3× the memory of one merged model. Ends with one JSON line: bare_tokens_per_s,
+endpoint_tokens_per_s, ratio, ttft_p50_ms, continuous_tokens_per_s, static_tokens_per_s,
+continuous_vs_static, ttft_p50_ms_continuous, ttft_p50_ms_static, merged_rss_mb,
+adapters_8_rss_mb, adapters_8_rss_ratio.
 """
 
 import argparse
 import http.client
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -50,6 +60,8 @@ from _harness import (
     parse,
     print_result,
     run_job,
+    runtime_env,
+    runtime_python,
     start_bare,
     stop,
     write_splits,
@@ -252,6 +264,134 @@ def continuous_against_static(host: Host, export: Path, args) -> dict:
     }
 
 
+ADAPTER_ARCH = {
+    "hidden_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 1376,
+}
+ADAPTERS = 8
+# A base model at ADAPTER_ARCH's size (argv: directory, architecture as JSON), as the import
+# leaves one: safetensors, a character tokenizer with the ChatML template.
+MAKE_BASE = r"""
+import json, pathlib, sys
+from runtime.chat import build_char_tokenizer
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+d = pathlib.Path(sys.argv[1])
+tok = build_char_tokenizer(["请问等于几？写出计算过程，先数个再加0123456789。"], d)
+config = LlamaConfig(vocab_size=tok.vocab_size, pad_token_id=tok.pad_id,
+                     max_position_embeddings=512, use_flash_attention=False,
+                     **json.loads(sys.argv[2]))
+LlamaForCausalLM(config).save_pretrained(str(d), safe_serialization=True)
+"""
+# A generation process's memory (argv: the served export, then the adapters' exports): the
+# model, the adapters loaded, one batch of 8 requests (one per adapter) generated; prints
+# its resident set in MB.
+MEMORY = r"""
+import sys
+from pathlib import Path
+from runtime.generation import Generator, GenerationRequest
+g = Generator(Path(sys.argv[1]))
+names = []
+for i, export in enumerate(sys.argv[2:]):
+    g.load_adapter(f"a{i}", Path(export) / "adapter")
+    names.append(f"a{i}")
+prompt = g.chat_prompt([{"role": "user", "content": "请问3加4等于几？"}])
+g.generate([GenerationRequest(prompt, max_tokens=8, temperature=0,
+                              adapter=names[i % len(names)] if names else "")
+            for i in range(8)])
+rss = next(l for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+print(int(rss.split()[1]) / 1024)
+"""
+
+
+def adapters_memory(tmp: Path, args) -> dict:
+    """The resident set of one merged LoRA version against it with 8 adapters loaded."""
+    import subprocess
+
+    base = tmp / "base"
+    smoke = os.environ.get("BENCH_SMOKE") == "1"  # a tiny base and one adapter
+    arch = {**ADAPTER_ARCH, **({"hidden_size": 64, "intermediate_size": 172} if smoke else {})}
+    count = 1 if smoke else ADAPTERS
+    subprocess.run(
+        [runtime_python(), "-c", MAKE_BASE, str(base), json.dumps(arch)],
+        env=runtime_env(),
+        check=True,
+        capture_output=True,
+    )
+    exports = []
+    for i in range(count + 1):
+        print(f"training LoRA version {i + 1} of {count + 1} of one base …", flush=True)
+        exports.append(train_lora(tmp / f"lora-{i}", base, i, args.rows))
+
+    def rss(extra: list[Path]) -> float:
+        out = subprocess.run(
+            [runtime_python(), "-c", MEMORY, str(exports[0]), *map(str, extra)],
+            env=runtime_env(OMP_NUM_THREADS="1"),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return float(out.stdout.strip().splitlines()[-1])
+
+    merged, adapted = [], []
+    for i in range(max(1, args.rounds // 2)):
+        merged.append(rss([]))
+        adapted.append(rss(exports[1:]))
+        print(
+            f"memory round {i + 1}: one merged model {merged[-1]:.0f} MB, with "
+            f"{count} adapters {adapted[-1]:.0f} MB",
+            flush=True,
+        )
+    one, many = statistics.median(merged), statistics.median(adapted)
+    return {
+        "merged_rss_mb": round(one, 1),
+        "adapters_8_rss_mb": round(many, 1),
+        "adapters_8_rss_ratio": round(many / one, 3),
+    }
+
+
+def train_lora(workdir: Path, base: Path, seed: int, rows: int) -> Path:
+    """A LoRA version of ``base``: one epoch on ``rows`` sums, shuffled by ``seed``."""
+    import random
+
+    from runtime.spec import Hyperparameters, JobSpec
+
+    data = [
+        {
+            "messages": [
+                {"role": "user", "content": f"请问{a}加{b}等于几？"},
+                {"role": "assistant", "content": f"先数{a}个，再数{b}个，等于{a + b}。"},
+            ]
+        }
+        for a in range(1, 10)
+        for b in range(1, 10)
+    ]
+    random.Random(seed).shuffle(data)  # noqa: S311 - which rows, not a secret
+    data = data[: max(rows, 9)]
+    cut = len(data) * 8 // 9
+    write_splits(workdir, {"train": data[:cut], "dev": data[cut:]})
+    hp = Hyperparameters(
+        epochs=1,
+        batch_size=8,
+        learning_rate=1e-3,
+        max_seq_length=64,
+        checkpoint_steps=0,
+        eval_generations=0,
+        method="lora",
+        seed=seed,
+    )
+    JobSpec(
+        job_id=1,
+        task_kind="instruction",
+        labels=[],
+        base_model_dir=str(base),
+        hyperparameters=hp,
+    ).save(workdir)
+    return run_job(workdir)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -305,6 +445,7 @@ def main() -> None:
         finally:
             bare.close()
             host.stop()
+        memory = adapters_memory(tmp, args)
     bare_rate = statistics.median(bare_rates)
     endpoint_rate = statistics.median(endpoint_rates)
     print_result(
@@ -314,6 +455,7 @@ def main() -> None:
             "ratio": round(endpoint_rate / bare_rate, 3),
             "ttft_p50_ms": round(statistics.median(ttfts), 1),
             **mixed,
+            **memory,
         }
     )
 

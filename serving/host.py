@@ -100,11 +100,12 @@ class Host:
                 index.setdefault(key_hash, set()).add(endpoint)
         self.key_index = index
 
-    def choose(self, route: Route_) -> Revision | None:
-        """A ready revision by weight. A revision gets traffic only once ready; when no weighted
-        revision is ready yet, a ready one the platform keeps loaded (weight 0, being replaced)
-        answers, so a rollout never leaves the endpoint without an answer."""
-        ready = {k: self.revisions[k] for k in route.revisions if self._ready(k)}
+    def choose(self, route: Route_, adapter: str = "") -> Revision | None:
+        """A ready revision by weight (with ``adapter``: of those where it is ready). A revision
+        gets traffic only once ready; when no weighted revision is ready yet, a ready one the
+        platform keeps loaded (weight 0, being replaced) answers, so a rollout never leaves the
+        endpoint without an answer."""
+        ready = {k: self.revisions[k] for k in route.revisions if self._ready(k, adapter)}
         weighted = [(k, w) for k, w in route.revisions.items() if w > 0 and k in ready]
         if len(weighted) == 1:  # most endpoints, most of the time: no draw
             return ready[weighted[0][0]]
@@ -113,6 +114,24 @@ class Host:
             return ready[random.choices(keys, weights)[0]]  # noqa: S311 - a traffic split
         return next(iter(ready.values()), None)
 
-    def _ready(self, key: str) -> bool:
+    def _ready(self, key: str, adapter: str = "") -> bool:
         rev = self.revisions.get(key)
-        return rev is not None and rev.state == "ready"
+        if rev is None or rev.state != "ready":
+            return False
+        return not adapter or self._adapter(rev, adapter).get("state") == "ready"
+
+    @staticmethod
+    def _adapter(rev: Revision, adapter: str) -> dict:
+        state = getattr(rev, "adapter_state", None)  # generative revisions serve adapters
+        return (state(adapter) if state else None) or {"state": "not loaded", "error": ""}
+
+    def adapter_problem(self, route: Route_, adapter: str) -> str:
+        """Why no revision of the route answers for ``adapter``: its state on each."""
+        found = []
+        for key in route.revisions:
+            rev = self.revisions.get(key)
+            if rev is not None and rev.state == "ready":
+                state = self._adapter(rev, adapter)
+                error = f" ({state['error']})" if state["error"] else ""
+                found.append(f"{state['state']} on {key}{error}")
+        return f"adapter {adapter!r} is " + "; ".join(found) if found else ""

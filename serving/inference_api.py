@@ -151,11 +151,12 @@ async def admit(request: Request, host: Host, name: str, adapter: str = "") -> R
                 f"{who} {rate:g} requests per second",
                 headers={"Retry-After": str(math.ceil(wait))},
             )
-    revision = host.choose(route)
+    revision = host.choose(route, adapter)
     if revision is None:
-        host.metrics.count(name, "", "requests")
-        host.metrics.count(name, "", "errors")
-        return protocol.error(503, "not_ready", f"no revision of {name!r} is ready yet")
+        host.metrics.count(model, "", "requests")
+        host.metrics.count(model, "", "errors")
+        why = host.adapter_problem(route, adapter) if adapter else ""
+        return protocol.error(503, "not_ready", why or f"no revision of {model!r} is ready yet")
     return revision
 
 
@@ -232,11 +233,6 @@ async def _openai(request: Request, chat: bool) -> Response:
         return revision
     series = host.metrics.get(name, revision.key)  # per adapter too
     series.counts["requests"] += 1
-    if adapter and not isinstance(revision, GenerativeRevision):
-        series.counts["errors"] += 1
-        return protocol.error(
-            503, "not_ready", f"revision {revision.key} of {endpoint!r} serves no adapters"
-        )
     if isinstance(revision, EngineRevision):
         try:
             path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -260,16 +256,6 @@ async def _openai(request: Request, chat: bool) -> Response:
             f"{name!r} has {revision.queue.qsize()} requests waiting, as many as it queues",
             headers={"Retry-After": str(retry_after)},
         )
-    if adapter:
-        state = revision.adapter_state(adapter) or {"state": "not loaded", "error": ""}
-        if state["state"] != "ready":
-            series.counts["errors"] += 1
-            why = f": {state['error']}" if state["error"] else ""
-            return protocol.error(
-                503,
-                "not_ready",
-                f"adapter {adapter!r} is {state['state']} on revision {revision.key}{why}",
-            )
     try:
         route = host.endpoints.get(endpoint)  # unrouted meanwhile: the host's default cap
         limit = route.max_tokens if route is not None else MAX_TOKENS
