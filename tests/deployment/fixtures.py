@@ -110,31 +110,9 @@ def llm_exports(tmp_path_factory):
 def train_lora_export(workdir: Path, base: Path, kind: str, rows: list[dict]) -> Path:
     """A LoRA fine-tuning of the imported base model ``base`` (paddle) by the job runner;
     its export (the adapter merged, and beside it alone)."""
-    from runtime.spec import Hyperparameters, JobSpec
+    from tests.helpers.workdir import lora_workdir
 
-    data = workdir / "data"
-    data.mkdir(parents=True)
-    for split, part in (("train", rows[:-8]), ("dev", rows[-8:])):
-        with open(data / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in part)
-    hp = Hyperparameters(
-        epochs=2,
-        batch_size=8,
-        learning_rate=1e-2,
-        max_seq_length=64,
-        checkpoint_steps=0,
-        eval_generations=0,
-        method="lora",
-    )
-    JobSpec(
-        job_id=1,
-        task_kind=kind,
-        labels=[],
-        backend="paddle",
-        base_model_dir=str(base),
-        hyperparameters=hp,
-    ).save(workdir)
-    _run_runner(workdir, "paddle")
+    _run_runner(lora_workdir(workdir, kind, rows, "paddle", base), "paddle")
     return workdir / "export"
 
 

@@ -101,6 +101,37 @@ def make_workdir(root: Path, kind: str, *, sizes=(96, 16, 24), **hp) -> tuple[Pa
     return workdir, spec
 
 
+def lora_workdir(directory: Path, kind: str, rows: list[dict], backend: str, base: Path) -> Path:
+    """A LoRA fine-tuning of the base model in ``base`` on ``rows`` (the last 8 the dev split),
+    two epochs: its workdir, for the runner."""
+    from runtime.spec import Hyperparameters, JobSpec
+
+    data = directory / "data"
+    data.mkdir(parents=True)
+    for split, part in (("train", rows[:-8]), ("dev", rows[-8:])):
+        (data / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), "utf-8"
+        )
+    hp = Hyperparameters(
+        epochs=2,
+        batch_size=8,
+        learning_rate=1e-2,
+        max_seq_length=64,
+        checkpoint_steps=0,
+        eval_generations=0,
+        method="lora",
+    )
+    JobSpec(
+        job_id=1,
+        task_kind=kind,
+        labels=[],
+        backend=backend,
+        base_model_dir=str(base),
+        hyperparameters=hp,
+    ).save(directory)
+    return directory
+
+
 def run_quietly(workdir: Path) -> None:
     """The job runner on ``workdir`` in this process (the runtime venv's), its events unsent:
     for fixtures that share one trained model among their tests."""

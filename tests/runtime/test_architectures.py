@@ -17,8 +17,7 @@ import pytest
 from runtime.adapters import AdapterError
 from runtime.generation import GenerationRequest, Generator
 from runtime.llm import TESTED
-from runtime.spec import Hyperparameters, JobSpec
-from tests.helpers.workdir import run_quietly
+from tests.helpers.workdir import lora_workdir, run_quietly
 from tests.runtime.test_llm_runner import sums
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -60,30 +59,7 @@ def make_base(directory: Path, arch: str, backend: str) -> Path:
 
 
 def job(directory: Path, kind: str, rows: list[dict], backend: str, base: Path) -> Path:
-    data = directory / "data"
-    data.mkdir(parents=True)
-    for split, part in (("train", rows[:-8]), ("dev", rows[-8:])):
-        (data / f"{split}.jsonl").write_text(
-            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part), "utf-8"
-        )
-    hp = Hyperparameters(
-        epochs=1,
-        batch_size=8,
-        learning_rate=1e-2,
-        max_seq_length=64,
-        checkpoint_steps=0,
-        eval_generations=0,
-        method="lora",
-    )
-    JobSpec(
-        job_id=1,
-        task_kind=kind,
-        labels=[],
-        backend=backend,
-        base_model_dir=str(base),
-        hyperparameters=hp,
-    ).save(directory)
-    run_quietly(directory)
+    run_quietly(lora_workdir(directory, kind, rows, backend, base))
     return directory / "export"
 
 
