@@ -84,6 +84,8 @@ def is_labeled(task_kind: str, row: dict) -> bool:
         return bool(row.get("messages")) and row["messages"][-1]["role"] == "assistant"
     if task_kind == "preference":
         return bool(row.get("chosen") and row.get("rejected"))
+    if task_kind == "evaluation":  # a question with its answer or a reference
+        return bool(row.get("answer") or row.get("references"))
     if task_kind == "ner":
         return "entities" in row and row["entities"] is not None
     if task_kind == "multi_label":

@@ -24,6 +24,8 @@ class TaskKind(StrEnum):
     TEXT_PAIR = "text_pair"
     INSTRUCTION = "instruction"
     PREFERENCE = "preference"
+    # Questions a causal LM is scored on (runtime.llm_eval), never trained on.
+    EVALUATION = "evaluation"
 
 
 # Kinds whose model generates text (a causal LM) rather than classifying.

@@ -15,9 +15,12 @@ CMMLU shape (``question``, options ``A``–``D``, ``answer``, ``subject``) and o
 Accuracy is overall and per subject; every row's scores are kept.
 """
 
+import json
 import re
+import time
 import unicodedata
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -203,3 +206,54 @@ def _by_subject(items: list[dict]) -> dict[str, dict]:
         if x["subject"]:
             subjects.setdefault(x["subject"], []).append(x)
     return {s: _summary(group) for s, group in sorted(subjects.items())}
+
+
+def run_evaluation(spec, workdir: Path, emit) -> dict:
+    """The job runner's objective "evaluate": the version in ``parent/export`` scored on every
+    row of the evaluation set in ``data/``; ``evaluation.json`` holds the figures and the rows'
+    scores, progress is reported as the rows are scored."""
+    from runtime.compress import PARENT_DIR
+    from runtime.data import is_labeled, read_rows
+    from runtime.generation import Generator
+
+    emit("state", phase="loading")
+    generator = Generator(workdir / PARENT_DIR / "export", spec.device or "cpu")
+    rows = []
+    for split in ("train", "dev", "test"):
+        path = workdir / "data" / f"{split}.jsonl"
+        if path.exists():
+            rows += [r for r in read_rows(path) if is_labeled("evaluation", r)]
+    if not rows:
+        raise ValueError("the evaluation set has no question with its answer or a reference")
+    emit("log", message=f"{len(rows)} questions, scored with {spec.hp.max_new_tokens} new tokens")
+    emit("state", phase="evaluating")
+    started = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        emit(
+            "progress",
+            step=done,
+            total_steps=total,
+            epoch=1,
+            epochs=1,
+            samples_per_s=round(rate, 2),
+            eta_s=round((total - done) / rate, 1) if rate else None,
+        )
+
+    result = evaluate_set(
+        generator.lm,
+        generator.tokenizer,
+        rows,
+        max_new_tokens=spec.hp.max_new_tokens,
+        batch_size=spec.hp.batch_size,
+        on_progress=progress,
+    )
+    evaluation = {"split": "evaluation", "rows": len(rows), **result}
+    evaluation["seconds"] = round(time.perf_counter() - started, 1)
+    (workdir / "evaluation.json").write_text(
+        json.dumps(evaluation, ensure_ascii=False), encoding="utf-8"
+    )
+    numbers = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
+    emit("metrics", step=len(rows), split="evaluation", metrics=numbers)
+    return evaluation

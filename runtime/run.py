@@ -45,6 +45,10 @@ def run(workdir: Path) -> dict:
         # What this process sees: the job's own cards only (set by the train worker).
         seen = os.environ.get(spec.visibility_env, "")
         print(f"devices: {spec.device} via {spec.visibility_env}={seen}")
+    if spec.objective == "evaluate":  # a version scored on an evaluation set
+        from runtime.llm_eval import run_evaluation
+
+        return run_evaluation(spec, workdir, emit)
     if spec.objective == "int8":  # compression of a trained model (runtime.compress)
         from runtime.compress import run_compression
 

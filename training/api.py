@@ -15,7 +15,7 @@ from console.pagination import PaginatedList
 from console.roles import Perm
 from labeling.selectors import dataset_get, version_get
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS, is_fast, preset_config
-from training import base_models, compression, jobs, registry, selectors, sweeps
+from training import base_models, compression, evaluations, jobs, registry, selectors, sweeps
 from training.edge import NEEDS as EDGE_RUNTIMES
 from training.edge import edge_bundle
 from training.serializers import (
@@ -24,10 +24,13 @@ from training.serializers import (
     BaseModelSerializer,
     BaseModelShareSerializer,
     CompressSerializer,
+    EvaluateSerializer,
     JobCloneSerializer,
     JobEventsSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    LeaderboardSerializer,
+    ModelEvaluationSerializer,
     ModelImportSerializer,
     ModelVersionDetailSerializer,
     ModelVersionSerializer,
@@ -213,6 +216,40 @@ class ModelVersionCompress(TrainingAPIView):
         answer=JobSerializer,
         status_code=201,
     )
+
+
+class ModelVersionEvaluations(PaginatedList, TrainingAPIView):
+    """The version's scores on evaluation sets; POST queues an evaluate job."""
+
+    def parent(self):
+        return selectors.model_version_get(self.request.team, self.kwargs["model_version_id"])
+
+    get = Op.list(selectors.version_evaluations, ModelEvaluationSerializer)
+
+    @extend_schema(request=EvaluateSerializer, responses={201: JobSerializer})
+    def post(self, request: Request, team: str, model_version_id: int) -> Response:
+        version = self.parent()
+        data = validated(EvaluateSerializer, request)
+        job = service_call(
+            evaluations.evaluation_submit,
+            actor=request.user,
+            team=request.team,
+            model_version=version,
+            dataset_version=selectors.evaluation_set_get(request.team, data["evaluation_set"]),
+            max_new_tokens=data["max_new_tokens"],
+        )
+        return created(JobSerializer, job)
+
+
+class Leaderboard(TrainingAPIView):
+    """Every model version scored on an evaluation set, best first (the latest score of each)."""
+
+    @extend_schema(responses=LeaderboardSerializer)
+    def get(self, request: Request, team: str, dataset_version_id: int) -> Response:
+        board = evaluations.leaderboard(
+            selectors.evaluation_set_get(request.team, dataset_version_id)
+        )
+        return Response(LeaderboardSerializer(board).data)
 
 
 class ModelVersionDownload(TrainingAPIView):

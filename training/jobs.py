@@ -29,7 +29,7 @@ from console.services import audit_record
 from labeling.models import DatasetVersion
 from runtime.backends import available as available_backends
 from runtime.data import HEADS
-from runtime.kinds import GENERATIVE_KINDS
+from runtime.kinds import GENERATIVE_KINDS, TaskKind
 from runtime.presets import (
     CPU_TRANSFORMER,
     DEFAULT_PRESET,
@@ -197,6 +197,10 @@ def training_job_submit(
         raise ValidationError(_("No such dataset version."))
     kind = dataset.task_kind
     generative = kind in GENERATIVE_KINDS
+    if kind == TaskKind.EVALUATION:
+        raise ValidationError(
+            _("An evaluation set is not trained on: score a large model on it from its page.")
+        )
     if kind not in HEADS and not generative:
         raise ValidationError(_("Task kind %(kind)s cannot be trained yet.") % {"kind": kind})
     if backend not in available_backends():
@@ -483,9 +487,9 @@ def no_node_reason(device_type: str) -> str:
 
 
 def _spec_fields(job: TrainingJob) -> dict:
-    if job.objective in TrainingJob.COMPRESSIONS:  # training.compression's own
+    if job.objective in TrainingJob.ON_VERSION:  # training.compression's, evaluations'
         raise ValidationError(
-            _("A compression job is started again from its model version's page.")
+            _("A compression or evaluation job is started again from its model version's page.")
         )
     return {
         "dataset_version": job.dataset_version,

@@ -83,9 +83,14 @@ class TrainingJob(Created):
         # (runtime.compress), or distilled into a preset (runtime.distill).
         INT8 = "int8", _("compress to INT8 (post-training quantization)")
         DISTILL = "distill", _("distill into a smaller model")
+        # A large model version (``parent_version``) scored on an evaluation set
+        # (runtime.llm_eval): a ModelEvaluation, no model.
+        EVALUATE = "evaluate", _("evaluate on an evaluation set")
 
     ACTIVE = (Status.QUEUED, Status.RUNNING)
     COMPRESSIONS = (Objective.INT8, Objective.DISTILL)  # a model version made from another
+    # The objectives that work on a model version (its export fetched for the runner).
+    ON_VERSION = (Objective.INT8, Objective.DISTILL, Objective.EVALUATE)
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="training_jobs")
     name = models.CharField(_("name"), max_length=100)
@@ -347,3 +352,38 @@ class Sweep(Created):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.RUNNING
+
+
+class ModelEvaluation(Created):
+    """A model version scored on an evaluation set (a dataset version of the kind
+    ``evaluation``) by an evaluate job (``training.evaluations``): the figures overall and per
+    subject; every question's scores in storage. The set's leaderboard is these."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="model_evaluations")
+    model_version = models.ForeignKey(
+        ModelVersion, on_delete=models.CASCADE, related_name="model_evaluations"
+    )
+    dataset_version = models.ForeignKey(
+        DatasetVersion, on_delete=models.CASCADE, related_name="model_evaluations"
+    )
+    job = models.OneToOneField(
+        TrainingJob,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="model_evaluation",
+    )
+    # runtime.llm_eval's: rows, accuracy_loglik, accuracy_generation, exact_match, rouge_l, bleu.
+    metrics = models.JSONField(default=dict)
+    subjects = models.JSONField(default=dict, blank=True)  # subject → the same figures
+    # Every question's scores (JSON, in storage), and the wrong answers shown on its page.
+    items_file = models.CharField(max_length=255, blank=True)
+    mistakes = models.JSONField(default=list, blank=True)
+    seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("model evaluation")
+
+    def __str__(self) -> str:
+        return f"{self.model_version} @ {self.dataset_version}"

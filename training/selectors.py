@@ -3,11 +3,21 @@
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
+from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
 
 from console.models import Team
+from labeling.models import DatasetVersion
+from runtime.kinds import TaskKind
 from runtime.presets import LLM_PRESETS, PRESETS
-from training.models import BaseModel, ModelVersion, Sweep, TrainingEvent, TrainingJob
+from training.models import (
+    BaseModel,
+    ModelEvaluation,
+    ModelVersion,
+    Sweep,
+    TrainingEvent,
+    TrainingJob,
+)
 
 
 def team_base_models(team: Team) -> QuerySet[BaseModel]:
@@ -113,3 +123,36 @@ def sweep_get(team: Team, sweep_id: int) -> Sweep:
     if sweep is None:
         raise Http404("No such hyperparameter search.")
     return sweep
+
+
+def team_evaluation_sets(team: Team) -> QuerySet[DatasetVersion]:
+    """The team's evaluation sets (dataset versions of the kind ``evaluation``), newest first."""
+    return (
+        DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind=TaskKind.EVALUATION)
+        .select_related("dataset")
+        .order_by("-created_at")
+    )
+
+
+def evaluation_set_get(team: Team, dataset_version_id) -> DatasetVersion:
+    found = None
+    if str(dataset_version_id).isdigit() and len(str(dataset_version_id)) <= 18:
+        found = team_evaluation_sets(team).filter(pk=int(dataset_version_id)).first()
+    if found is None:
+        raise Http404("No such evaluation set.")
+    return found
+
+
+def version_evaluations(version: ModelVersion) -> QuerySet[ModelEvaluation]:
+    return version.model_evaluations.select_related("dataset_version__dataset").order_by(
+        "-created_at"
+    )
+
+
+def model_evaluation_get(team: Team, evaluation_id: int) -> ModelEvaluation:
+    return get_object_or_404(
+        ModelEvaluation.objects.filter(team=team).select_related(
+            "model_version", "dataset_version__dataset"
+        ),
+        pk=evaluation_id,
+    )

@@ -4,7 +4,14 @@ from rest_framework import serializers
 from runtime.compress import MODES as QUANTIZATION_MODES
 from runtime.presets import FAST_PRESETS, LLM_PRESETS, PRESETS
 from training.compression import MAX_CALIBRATION_ROWS
-from training.models import BaseModel, ModelVersion, Sweep, TrainingEvent, TrainingJob
+from training.models import (
+    BaseModel,
+    ModelEvaluation,
+    ModelVersion,
+    Sweep,
+    TrainingEvent,
+    TrainingJob,
+)
 from training.registry import model_version_targets
 from training.sweeps import param_importances, sweep_trials
 
@@ -346,3 +353,45 @@ class SweepCreateSerializer(serializers.Serializer):
     )
     name = serializers.CharField(required=False, allow_blank=True, default="")
     seed = serializers.IntegerField(default=0, min_value=0)
+
+
+class EvaluateSerializer(serializers.Serializer):
+    """An evaluate job (training.evaluations): the version scored on an evaluation set."""
+
+    evaluation_set = serializers.IntegerField(
+        help_text="The id of a dataset version of the kind evaluation."
+    )
+    max_new_tokens = serializers.IntegerField(default=64, min_value=1, max_value=1024)
+
+
+class ModelEvaluationSerializer(serializers.ModelSerializer):
+    model_version_name = serializers.CharField(source="model_version.__str__", read_only=True)
+    evaluation_set = serializers.CharField(source="dataset_version.__str__", read_only=True)
+
+    class Meta:
+        model = ModelEvaluation
+        fields = [
+            "id",
+            "model_version",
+            "model_version_name",
+            "dataset_version",
+            "evaluation_set",
+            "job",
+            "metrics",
+            "subjects",
+            "mistakes",
+            "seconds",
+            "created_at",
+        ]
+
+
+class LeaderboardRowSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    evaluation = ModelEvaluationSerializer()
+
+
+class LeaderboardSerializer(serializers.Serializer):
+    ranked_by = serializers.CharField(allow_null=True)
+    figures = serializers.ListField(child=serializers.CharField())
+    subjects = serializers.ListField(child=serializers.CharField())
+    rows = LeaderboardRowSerializer(many=True)

@@ -31,6 +31,7 @@ from runtime.spec import Hyperparameters, JobSpec
 from runtime.targets import TARGETS_DIR
 from training import storage
 from training.base_models import base_model_from_job
+from training.evaluations import evaluation_register
 from training.jobs import training_job_finish
 from training.launch import die_with_parent, runner_device, runner_popen_args, runner_sandbox
 from training.models import TrainingEvent, TrainingJob
@@ -83,13 +84,14 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
                 out.close()
         (data / ".complete").touch()
     parent_dir = workdir / PARENT_DIR
-    if job.objective in TrainingJob.COMPRESSIONS and (
+    if job.objective in TrainingJob.ON_VERSION and (
         not (parent_dir / ".complete").is_file() or not sandbox.plain(parent_dir)
     ):
-        # The version a compression job compresses: its export and export targets.
+        # The version a compression job compresses (or an evaluate job scores): its export
+        # and export targets.
         version = job.parent_version
         if version is None:
-            raise ValueError(_("The model version to compress was deleted."))
+            raise ValueError(_("The job's model version was deleted."))
         shutil.rmtree(parent_dir, ignore_errors=True)
         wanted = {
             rel: meta
@@ -362,7 +364,11 @@ def training_job_execute(job: TrainingJob) -> None:
         return
     try:
         # What the runner (another user) left is read as the platform: no links out of it.
-        if job.objective == TrainingJob.Objective.MLM:
+        if job.objective == TrainingJob.Objective.EVALUATE:
+            # A version scored: its figures and every question's scores, no model.
+            sandbox.check_outputs(sup.user, [workdir / "evaluation.json"])
+            evaluation_register(job, workdir)
+        elif job.objective == TrainingJob.Objective.MLM:
             # Pretraining: best/ becomes a base model of the team, checked as an import is.
             sandbox.check_outputs(sup.user, [workdir / "best", workdir / "evaluation.json"])
             base_model_from_job(job, workdir)

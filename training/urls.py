@@ -26,6 +26,13 @@ urlpatterns = [
         T + "models/<int:model_version_id>/download/", views.model_download, name="model_download"
     ),
     path(T + "base-models/", views.base_models, name="base_models"),
+    path(T + "evaluation-sets/", views.evaluation_sets, name="evaluation_sets"),
+    path(
+        T + "evaluation-sets/<int:dataset_version_id>/",
+        views.leaderboard,
+        name="leaderboard",
+    ),
+    path(T + "evaluations/<int:evaluation_id>/", views.model_evaluation, name="model_evaluation"),
     # REST API
     path(A + "presets/", api.PresetList.as_view(), name="api_presets"),
     path(A + "base-models/", api.BaseModelListCreate.as_view(), name="api_base_models"),
@@ -42,6 +49,16 @@ urlpatterns = [
     path(A + "sweeps/<int:sweep_id>/", api.SweepDetail.as_view(), name="api_sweep"),
     path(A + "sweeps/<int:sweep_id>/cancel/", api.SweepCancel.as_view(), name="api_sweep_cancel"),
     path(A + "models/", api.ModelVersionList.as_view(), name="api_models"),
+    path(
+        A + "models/<int:model_version_id>/evaluations/",
+        api.ModelVersionEvaluations.as_view(),
+        name="api_model_evaluations",
+    ),
+    path(
+        A + "evaluation-sets/<int:dataset_version_id>/leaderboard/",
+        api.Leaderboard.as_view(),
+        name="api_leaderboard",
+    ),
     path(A + "models/<int:model_version_id>/", api.ModelVersionDetail.as_view(), name="api_model"),
     path(
         A + "models/<int:model_version_id>/base-model/",

@@ -2,10 +2,12 @@
 versions (evaluation report, comparison, download, import) and base models (import)."""
 
 import json
+from urllib.parse import quote
 
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
@@ -33,6 +35,8 @@ from training.compression import (
     student_base_models,
 )
 from training.edge import NEEDS as EDGE_RUNTIMES
+from training.evaluations import evaluation_submit, leaderboard_table
+from training.evaluations import leaderboard as evaluations_leaderboard
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
 from training.models import ModelVersion, TrainingJob
@@ -245,6 +249,26 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
         else:
             messages.success(request, _("%(name)s is a base model now.") % {"name": model.name})
             return redirect("training:base_models", team=request.team.slug)
+    if request.method == "POST" and request.POST.get("action") == "evaluate":
+        if not _can(request, Perm.TRAINING_WRITE):
+            raise PermissionDenied
+        try:
+            job = evaluation_submit(
+                actor=request.user,
+                team=request.team,
+                model_version=version,
+                dataset_version=selectors.evaluation_set_get(
+                    request.team, request.POST.get("evaluation_set", "")
+                ),
+                max_new_tokens=_int_field(request.POST.get("max_new_tokens"), 64, _("New tokens")),
+            )
+        except ValidationError as exc:
+            messages.error(request, error_text(exc))
+        else:
+            messages.success(
+                request, _("The evaluation is queued as job #%(id)d.") % {"id": job.pk}
+            )
+            return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
     if request.method == "POST" and request.POST.get("action") == "compress":
         if not _can(request, Perm.TRAINING_WRITE):
             raise PermissionDenied
@@ -289,8 +313,50 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "students": presets_for(version.task_kind, STUDENT_BACKEND),
             "student_bases": [m.name for m in student_base_models(request.team)],
             "default_student": DEFAULT_STUDENT,
+            "evaluation_sets": selectors.team_evaluation_sets(request.team)[:100]
+            if version.task_kind in GENERATIVE_KINDS
+            else [],
+            "model_evaluations": selectors.version_evaluations(version)[:50],
         },
     )
+
+
+@team_view()
+def evaluation_sets(request: HttpRequest) -> HttpResponse:
+    """The team's evaluation sets, each with how many model versions were scored on it."""
+    sets = selectors.team_evaluation_sets(request.team).annotate(
+        scored=Count("model_evaluations__model_version", distinct=True)
+    )
+    page, query = paginate(request, sets)
+    return render(request, "training/evaluation_sets.html", {"page": page, "query": query})
+
+
+@team_view()
+def leaderboard(request: HttpRequest, dataset_version_id: int) -> HttpResponse:
+    """Every model version scored on an evaluation set, best first, side by side; as CSV with
+    ``?format=csv``."""
+    evaluation_set = selectors.evaluation_set_get(request.team, dataset_version_id)
+    board = evaluations_leaderboard(evaluation_set)
+    if request.GET.get("format") == "csv":
+        import csv
+
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        name = f"leaderboard-{evaluation_set.dataset.name}-v{evaluation_set.number}.csv"
+        response["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(name)}"
+        response.write("\ufeff")  # Excel reads the Chinese right
+        csv.writer(response).writerows(leaderboard_table(board))
+        return response
+    return render(
+        request,
+        "training/leaderboard.html",
+        {"evaluation_set": evaluation_set, "board": board},
+    )
+
+
+@team_view()
+def model_evaluation(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    evaluation = selectors.model_evaluation_get(request.team, evaluation_id)
+    return render(request, "training/model_evaluation.html", {"evaluation": evaluation})
 
 
 @team_view()

@@ -89,6 +89,16 @@ def object_factories(team, owner) -> dict:
     adapter = EndpointAdapter.objects.create(
         endpoint=endpoint, name="a", model_version=model_version
     )
+    from training.models import ModelEvaluation
+
+    evaluation_set = make_version(
+        dataset_create(actor=owner, team=team, name="exam", task_kind="evaluation"),
+        owner,
+        [["question", "A", "B", "C", "D", "answer"], ["1+1?", "1", "2", "3", "4", "B"]],
+    )
+    evaluation = ModelEvaluation.objects.create(
+        team=team, model_version=model_version, dataset_version=evaluation_set
+    )
     return {
         "team": lambda: team.slug,
         "membership_id": lambda: Membership.objects.filter(team=team).first().pk,
@@ -108,4 +118,6 @@ def object_factories(team, owner) -> dict:
         "revision_id": lambda: revision.pk,
         "endpoint_key_id": lambda: endpoint_key.pk,
         "adapter_id": lambda: adapter.pk,
+        "dataset_version_id": lambda: evaluation_set.pk,
+        "evaluation_id": lambda: evaluation.pk,
     }
