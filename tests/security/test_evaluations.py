@@ -1,0 +1,98 @@
+"""Evaluations as an insider would attack them: another team's model version, evaluation set,
+leaderboard or evaluation named by id (API and console: 404, nothing queued), and a runner's
+evaluation.json past its size limit (refused before it is read)."""
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+
+from labeling.datasets import dataset_create
+from tests.helpers.data import make_version
+from training.evaluations import MAX_EVALUATION_BYTES, evaluation_register, evaluation_submit
+from training.models import ModelEvaluation, TrainingJob
+
+QUESTIONS = [["question", "A", "B", "C", "D", "answer"], ["1+1?", "1", "2", "3", "4", "B"]]
+
+
+@pytest.mark.django_db
+def test_another_teams_versions_sets_and_evaluations_are_404(
+    client, owner, team, make_user, make_team, model_version
+):
+    from console.roles import Role
+
+    victims_set = make_version(
+        dataset_create(actor=owner, team=team, name="内部考试", task_kind="evaluation"),
+        owner,
+        QUESTIONS,
+    )
+    victims_model = model_version("instruction", name="secret")
+    evaluation = ModelEvaluation.objects.create(
+        team=team,
+        model_version=victims_model,
+        dataset_version=victims_set,
+        metrics={"accuracy_loglik": 0.9},
+    )
+    mallory = make_user("mallory")
+    evil = make_team("Evil", {mallory: Role.OWNER})
+    own_set = make_version(
+        dataset_create(actor=mallory, team=evil, name="exam", task_kind="evaluation"),
+        mallory,
+        QUESTIONS,
+    )
+    own_model = model_version("instruction", name="own")
+    own_model.team = evil
+    own_model.save()
+
+    with pytest.raises(ValidationError, match="another team"):
+        evaluation_submit(
+            actor=mallory, team=evil, model_version=own_model, dataset_version=victims_set
+        )
+    client.force_login(mallory)
+    t = evil.slug
+    for url, body in (
+        (
+            reverse("training:api_model_evaluations", args=[t, victims_model.pk]),
+            {"evaluation_set": own_set.pk},
+        ),
+        (
+            reverse("training:api_model_evaluations", args=[t, own_model.pk]),
+            {"evaluation_set": victims_set.pk},
+        ),
+    ):
+        assert client.post(url, body, content_type="application/json").status_code == 404
+    for url in (
+        reverse("training:api_model_evaluations", args=[t, victims_model.pk]),
+        reverse("training:api_leaderboard", args=[t, victims_set.pk]),
+        reverse("training:leaderboard", args=[t, victims_set.pk]),
+        reverse("training:leaderboard", args=[t, victims_set.pk]) + "?format=csv",
+        reverse("training:model_evaluation", args=[t, evaluation.pk]),
+    ):
+        assert client.get(url).status_code == 404, url
+    r = client.post(
+        reverse("training:model", args=[t, own_model.pk]),
+        {"action": "evaluate", "evaluation_set": victims_set.pk},
+    )
+    assert r.status_code == 404
+    # Nor does the victim's set show among the evaluation sets offered.
+    page = client.get(reverse("training:model", args=[t, own_model.pk])).content.decode()
+    assert "内部考试" not in page
+    assert not TrainingJob.objects.filter(objective="evaluate").exists()
+
+
+@pytest.mark.django_db
+def test_an_evaluation_file_past_its_limit_is_refused_before_it_is_read(
+    owner, team, model_version, tmp_path
+):
+    exam = make_version(
+        dataset_create(actor=owner, team=team, name="exam", task_kind="evaluation"),
+        owner,
+        QUESTIONS,
+    )
+    job = evaluation_submit(
+        actor=owner, team=team, model_version=model_version("instruction"), dataset_version=exam
+    )
+    with open(tmp_path / "evaluation.json", "wb") as f:
+        f.truncate(MAX_EVALUATION_BYTES + 1)  # sparse: read, it would be 64 MB of NULs
+    with pytest.raises(ValueError, match="over 64 MB"):
+        evaluation_register(job, tmp_path)
+    assert not ModelEvaluation.objects.exists()
