@@ -169,34 +169,45 @@ def _stop_ids(tok: ChatTokenizer, directory: Path) -> set[int]:
     if generation.exists():
         eos = json.loads(generation.read_text("utf-8")).get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
-    # Chat templates end a turn with their own token, which the model learns to emit.
-    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+    # Chat templates end a turn with their own token, which the model learns to emit (GLM's
+    # assistant turn ends where the next user turn starts).
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_sentence|>", "<|user|>"):
         found = tok.tokenizer.token_to_id(token)
         if found is not None and token in tok.template:
             ids.add(found)
     return ids
 
 
-def build_char_tokenizer(texts, directory: Path) -> ChatTokenizer:
+def build_char_tokenizer(
+    texts,
+    directory: Path,
+    *,
+    template: str = CHATML,
+    specials: tuple[str, ...] = PRESET_SPECIALS,
+    end_of_turn: str = "<|im_end|>",
+) -> ChatTokenizer:
     """The preset's tokenizer: one token per character of ``texts``, the special tokens and
-    the ChatML template, written as a fast tokenizer that PaddleNLP and transformers load."""
+    the chat template (ChatML), written as a fast tokenizer that PaddleNLP and transformers
+    load. (A model's own template and special tokens in its place: the tests' tiny models of
+    each architecture.)"""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+    specials = tuple(dict.fromkeys([*PRESET_SPECIALS[:4], *specials]))
     chars = sorted({c for text in texts for c in text} | set("\n"))
-    vocab = {token: i for i, token in enumerate(PRESET_SPECIALS)}
+    vocab = {token: i for i, token in enumerate(specials)}
     for c in chars:
         vocab.setdefault(c, len(vocab))
     unknown = "<unk>"
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unknown))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
     tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_special_tokens(list(PRESET_SPECIALS))
+    tokenizer.add_special_tokens(list(specials))
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {
         "tokenizer_class": "LlamaTokenizerFast",
         "bos_token": "<s>",
-        "eos_token": "<|im_end|>",
+        "eos_token": end_of_turn,
         "pad_token": "<pad>",
         "unk_token": "<unk>",
         "padding_side": "left",
@@ -205,7 +216,7 @@ def build_char_tokenizer(texts, directory: Path) -> ChatTokenizer:
         "model_max_length": 512,
         # PaddleNLP reads the template here or from chat_template.json; transformers from
         # either and from chat_template.jinja.
-        "chat_template": CHATML,
+        "chat_template": template,
     }
     (directory / "tokenizer_config.json").write_text(
         json.dumps(config, ensure_ascii=False, indent=1), "utf-8"

@@ -37,9 +37,11 @@ LORA_TARGETS = {
     "bloom": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
     "glm4": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
 }
-# The architectures tested end to end here (a tiny random model of each: LoRA SFT, DPO, the
-# merged export, generation), by backend: tests/runtime/test_architectures.py (LLaMA also
-# through the platform). The base-models page shows it.
+# The architectures tested end to end here (a tiny random model of each, with its chat models'
+# own template and special tokens, rendered as transformers renders them: LoRA SFT, DPO, the
+# merged export, generation, its LoRA adapters served over one model), by backend:
+# tests/runtime/test_architectures.py (LLaMA also through the platform). The base-models page
+# shows it.
 TESTED = {
     "llama": ("paddle", "torch"),
     "qwen2": ("paddle", "torch"),

@@ -116,7 +116,7 @@ def lora_workdir(directory: Path, kind: str, rows: list[dict], backend: str, bas
         epochs=2,
         batch_size=8,
         learning_rate=1e-2,
-        max_seq_length=64,
+        max_seq_length=128,  # Qwen2's template adds its default system prompt
         checkpoint_steps=0,
         eval_generations=0,
         method="lora",
