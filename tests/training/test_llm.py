@@ -295,3 +295,40 @@ def test_dpo_continues_from_the_sft_model(team, owner, make_dataset, client):
         base_model_from_version(actor=owner, version=classifier, name="x")
     with pytest.raises(ValidationError, match="exists already"):
         base_model_from_version(actor=owner, version=sft.model_version, name="sums-sft")
+
+
+@pytest.mark.django_db
+def test_qwen2_and_ernie_4_5_import_with_their_layouts_and_chat_templates(team, owner, tmp_path):
+    """A tiny Qwen2 (both layouts) and ERNIE 4.5 (transformers' layout), each with its chat
+    models' tokenizer files and template (tests/runtime/test_architectures.py), import as base
+    models: architecture, size and context from config.json, the template checked and kept and
+    rendered as transformers renders it."""
+    from django.conf import settings
+
+    from runtime.chat import ChatTokenizer
+    from tests.helpers.models import in_runtime
+    from tests.runtime.test_architectures import CHAT, CLASSES, CONVERSATIONS, MAKE
+    from training import storage
+
+    for arch, backend in (("qwen2", "paddle"), ("qwen2", "torch"), ("ernie4_5", "torch")):
+        path = f"tiny-{arch}-{backend}"
+        target = settings.MODEL_IMPORT_DIR / path
+        if not target.exists():
+            in_runtime(
+                MAKE,
+                CLASSES[arch],
+                backend,
+                str(target),
+                json.dumps(CHAT[arch], ensure_ascii=False),
+                json.dumps(CONVERSATIONS, ensure_ascii=False),
+                env={"USE_TORCH": "0"} if backend == "paddle" else None,
+            )
+        model = base_model_import(actor=owner, team=team, name=path, backend=backend, path=path)
+        assert model.architecture == arch and model.summary["causal_lm"]
+        assert model.summary["layers"] == 2 and model.summary["context_length"] == 512
+        stored = tmp_path / path
+        storage.fetch_dir(model.storage_prefix, model.manifest["files"], stored)
+        tok = ChatTokenizer(stored)
+        assert tok.template == CHAT[arch][0]
+        expected = json.loads((target / "rendered.json").read_text("utf-8"))
+        assert tok.render(CONVERSATIONS[1], False) == expected[3]
