@@ -127,6 +127,22 @@ class AdapterForm(forms.Form):
         ).order_by("-created_at")
 
 
+class JudgeForm(forms.Form):
+    endpoint = forms.ModelChoiceField(queryset=None, label=_("Judge endpoint"), empty_label=None)
+    rubric = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 8}),
+        label=_("Rubric"),
+        help_text=_(
+            "{question}, {reference} and {answer} are replaced by each open question's text; "
+            "the judge answers with 分数：1–5 and 理由：…"
+        ),
+    )
+
+    def __init__(self, *args, endpoints, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["endpoint"].queryset = endpoints
+
+
 class PreannotateForm(forms.Form):
     endpoint = forms.ModelChoiceField(queryset=None, label=_("Endpoint"), empty_label=None)
 

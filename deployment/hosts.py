@@ -140,6 +140,29 @@ def endpoint_predict(*, endpoint: Endpoint, inputs: list, top_k: int = 5) -> tup
     raise HostError("; ".join(errors) or _("No serving host is configured."))
 
 
+def endpoint_chat_complete(*, endpoint: Endpoint, messages: list[dict], max_tokens: int) -> str:
+    """A generative endpoint's greedy reply to ``messages`` (at most ``max_tokens``, the
+    endpoint's own cap applying), from the first reachable host."""
+    errors = []
+    body = {
+        "model": endpoint.name,
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    for url in settings.SERVING_HOSTS:
+        try:
+            status, answer = HostClient(url).chat(body)
+        except HostError as exc:
+            errors.append(str(exc))
+            continue
+        if status != 200:
+            message = answer.get("error", {}).get("message", "")
+            raise HostError(f"{endpoint.name} answered {status}: {message}")
+        return answer["choices"][0]["message"]["content"]
+    raise HostError("; ".join(errors) or _("No serving host is configured."))
+
+
 def endpoint_chat(*, endpoint: Endpoint, body: dict) -> Iterator[bytes]:
     """A generative endpoint's streamed answer to a chat (the console's playground), from the
     first serving host that is reachable. Counted in its metrics like any call."""

@@ -5,14 +5,13 @@ services, never the reverse."""
 
 from concurrent.futures import ThreadPoolExecutor
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils.translation import gettext as _
 
 from console.services import audit_record
-from deployment.hosts import HostClient, HostError, endpoint_predict
+from deployment.hosts import HostError, endpoint_chat_complete, endpoint_predict
 from deployment.models import Endpoint
 from labeling import selectors as labeling_selectors
 from labeling.models import LabelingProject
@@ -70,25 +69,6 @@ def preannotate_start(
     transaction.on_commit(lambda: tasks.preannotate_labeling_project.delay(project.pk, endpoint.pk))
 
 
-def endpoint_chat_complete(*, endpoint: Endpoint, messages: list[dict]) -> str:
-    """A generative endpoint's reply to ``messages`` (greedy), from the first reachable host."""
-    errors = []
-    body = {"model": endpoint.name, "messages": messages, "temperature": 0}
-    for url in settings.SERVING_HOSTS:
-        try:
-            status, answer = HostClient(url).chat({**body, "max_tokens": DRAFT_MAX_TOKENS})
-            if status == 400 and answer.get("error", {}).get("param") == "max_tokens":
-                status, answer = HostClient(url).chat(body)  # the model's context is shorter
-        except HostError as exc:
-            errors.append(str(exc))
-            continue
-        if status != 200:
-            message = answer.get("error", {}).get("message", "")
-            raise HostError(f"{endpoint.name} answered {status}: {message}")
-        return answer["choices"][0]["message"]["content"]
-    raise HostError("; ".join(errors) or _("No serving host is configured."))
-
-
 def _draft_responses(project: LabelingProject, endpoint: Endpoint, numbers, rows) -> int:
     """Drafts of the responses that nobody wrote yet, generated concurrently (the serving
     host batches them) and imported as predictions for annotators to correct."""
@@ -102,7 +82,9 @@ def _draft_responses(project: LabelingProject, endpoint: Endpoint, numbers, rows
 
         def draft(n: int) -> str:
             return endpoint_chat_complete(
-                endpoint=endpoint, messages=prompt_turns(rows[n]["messages"])
+                endpoint=endpoint,
+                messages=prompt_turns(rows[n]["messages"]),
+                max_tokens=DRAFT_MAX_TOKENS,
             )
 
         with ThreadPoolExecutor(workers) as pool:

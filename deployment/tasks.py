@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from deployment import metrics, preannotate, reconcile
+from deployment import judge, metrics, preannotate, reconcile
 from deployment.hosts import HostError
 
 
@@ -29,3 +29,8 @@ def prune_endpoint_metrics() -> int:
 )
 def preannotate_labeling_project(project_id: int, endpoint_id: int) -> int:
     return preannotate.preannotate_run(project_id, endpoint_id)
+
+
+@shared_task(ignore_result=True)
+def judge_model_evaluation(evaluation_id: int) -> dict:
+    return judge.judge_run(evaluation_id)

@@ -31,6 +31,11 @@ urlpatterns = [
     path(TE + "keys/", views.key_create, name="key_create"),
     path(TE + "keys/<int:endpoint_key_id>/revoke/", views.key_revoke, name="key_revoke"),
     path(T + "labeling/<int:project_id>/preannotate/", views.preannotate, name="preannotate"),
+    path(
+        T + "evaluations/<int:evaluation_id>/judge/",
+        views.evaluation_judge,
+        name="evaluation_judge",
+    ),
     # REST API
     path(A + "endpoints/", api.EndpointListCreate.as_view(), name="api_endpoints"),
     path(AE, api.EndpointDetail.as_view(), name="api_endpoint"),

@@ -17,12 +17,21 @@ from console.permissions import team_view
 from console.roles import Perm, role_allows
 from deployment import rollout, selectors
 from deployment.adapters import adapter_add, adapter_remove, adapter_versions
-from deployment.forms import AdapterForm, CanaryForm, DeployForm, KeyForm, PreannotateForm
+from deployment.forms import (
+    AdapterForm,
+    CanaryForm,
+    DeployForm,
+    JudgeForm,
+    KeyForm,
+    PreannotateForm,
+)
+from deployment.judge import DEFAULT_RUBRIC, judge_endpoints, judge_start
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.preannotate import preannotate_start
 from deployment.quality import compare_with_serving
 from labeling.selectors import labeling_project_get
 from runtime.kinds import GENERATIVE_KINDS
+from training.selectors import model_evaluation_get
 
 
 def _endpoint_page(request: HttpRequest, endpoint) -> HttpResponse:
@@ -280,6 +289,30 @@ def endpoint_adapter_remove(
     adapter_remove(actor=request.user, adapter=adapter)
     messages.success(request, _("The adapter is removed."))
     return _endpoint_page(request, endpoint)
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+def evaluation_judge(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    """Have another endpoint of the team judge an evaluation's open questions."""
+    evaluation = model_evaluation_get(request.team, evaluation_id)
+    form = JudgeForm(
+        request.POST or None,
+        endpoints=judge_endpoints(evaluation),
+        initial={"rubric": evaluation.judge.get("rubric") or DEFAULT_RUBRIC},
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            judge_start(actor=request.user, evaluation=evaluation, **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_error(None, error_text(exc))
+        else:
+            messages.success(request, _("The judge is at work; its scores come on this page."))
+            return redirect(
+                "training:model_evaluation", team=request.team.slug, evaluation_id=evaluation.pk
+            )
+    return render(
+        request, "deployment/evaluation_judge.html", {"evaluation": evaluation, "form": form}
+    )
 
 
 @team_view(write=Perm.LABELING_MANAGE)

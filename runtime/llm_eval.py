@@ -157,6 +157,7 @@ def evaluate_set(
             items[i] = {
                 "row": i + 1,
                 "type": "choice",
+                "question": row["question"],
                 "subject": row.get("subject") or "",
                 "answer": row["answer"],
                 "loglik": [round(float(s), 4) for s in scores[k]],
@@ -171,6 +172,7 @@ def evaluate_set(
             items[i] = {
                 "row": i + 1,
                 "type": "open",
+                "question": rows[i]["question"],
                 "subject": rows[i].get("subject") or "",
                 "references": references,
                 "generated": text,

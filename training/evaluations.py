@@ -33,7 +33,8 @@ MAX_EVALUATION_BYTES = 64 << 20
 MISTAKES = 50  # wrong answers kept on the evaluation's page
 # The figures a leaderboard ranks by, the first a set has (multiple choice: accuracy).
 RANKED_BY = ("accuracy_loglik", "accuracy_generation", "exact_match", "rouge_l", "bleu")
-FIGURES = ("accuracy_loglik", "accuracy_generation", "exact_match", "rouge_l", "bleu")
+# judge_score: the mean of a judge endpoint's 1–5 scores of the open questions (deployment.judge).
+FIGURES = (*RANKED_BY, "judge_score")
 
 
 def evaluation_checks(team: Team, version: ModelVersion, dataset_version: DatasetVersion) -> None:

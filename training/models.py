@@ -380,6 +380,9 @@ class ModelEvaluation(Created):
     items_file = models.CharField(max_length=255, blank=True)
     mistakes = models.JSONField(default=list, blank=True)
     seconds = models.FloatField(null=True, blank=True)
+    # Its open questions judged by another endpoint (deployment.judge): the endpoint, the
+    # rubric, the status, the figures, and where every judgement is kept.
+    judge = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -96,3 +96,39 @@ def test_an_evaluation_file_past_its_limit_is_refused_before_it_is_read(
     with pytest.raises(ValueError, match="over 64 MB"):
         evaluation_register(job, tmp_path)
     assert not ModelEvaluation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_another_teams_endpoint_never_judges_and_its_evaluations_are_not_judged(
+    client, owner, team, make_user, make_team, model_version
+):
+    from console.roles import Role
+    from deployment.judge import judge_start
+    from deployment.rollout import endpoint_deploy
+
+    exam = make_version(
+        dataset_create(actor=owner, team=team, name="exam", task_kind="evaluation"),
+        owner,
+        [["question", "references"], ["3加4等于几？", "等于7。"]],
+    )
+    victims = ModelEvaluation.objects.create(
+        team=team,
+        model_version=model_version("instruction", name="secret"),
+        dataset_version=exam,
+        metrics={"open_rows": 1},
+    )
+    mallory = make_user("mallory")
+    evil = make_team("Evil", {mallory: Role.OWNER})
+    evil_model = model_version("instruction", name="evil-judge")
+    evil_model.team = evil
+    evil_model.save()
+    evil_judge = endpoint_deploy(actor=mallory, team=evil, model_version=evil_model)
+    # Another team's endpoint would read the victim's questions and answers.
+    with pytest.raises(ValidationError, match="another team"):
+        judge_start(actor=owner, evaluation=victims, endpoint=evil_judge)
+    client.force_login(mallory)
+    url = reverse("deployment:evaluation_judge", args=[evil.slug, victims.pk])
+    assert client.get(url).status_code == 404
+    assert client.post(url, {"endpoint": evil_judge.pk, "rubric": "x"}).status_code == 404
+    victims.refresh_from_db()
+    assert victims.judge == {}
