@@ -9,6 +9,7 @@ class TrainingConfig(AppConfig):
         ("training:jobs", _("Training")),
         ("training:models", _("Models")),
         ("training:base_models", _("Base models")),
+        ("training:evaluation_sets", _("Evaluation sets")),
     ]
 
     def ready(self) -> None:
