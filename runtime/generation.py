@@ -198,7 +198,11 @@ class Batch:
         self.prefix_hits = 0
 
     def __len__(self) -> int:
-        return len(self.streams)
+        """The requests still generating (a row that is done may keep its slot a while;
+        static batching holds it until every row is done)."""
+        if self.static:
+            return len(self.streams)
+        return sum(s.finish is None for s in self.streams)
 
     def add(self, requests: list[GenerationRequest]) -> list["_Stream"]:
         """Prefill the requests' prompts; they sample their first token at the next step. A
@@ -262,11 +266,29 @@ class Batch:
         return cached
 
     def _append(self, requests, logits, cache, mask, positions) -> list["_Stream"]:
-        """The prefilled requests become rows of the batch."""
+        """The prefilled requests become rows of the batch: in the slots of rows that are done
+        (their key/value cache written over, left-padded to the batch's columns), else
+        appended."""
         streams = [_Stream(r, self.tokenizer) for r in requests]
         if not self.streams:
             self.cache, self.mask, self.logits, self.positions = cache, mask, logits, positions
-        else:
+            self.streams = streams
+            return streams
+        free = [i for i, s in enumerate(self.streams) if s.finish is not None]
+        width, columns = mask.shape[1], self.mask.shape[1]
+        reused = min(len(free), len(streams)) if width <= columns and not self.static else 0
+        for j in range(reused):
+            slot = free[j]
+            self.lm.write(self.cache, slot, cache, j, columns - width)
+            self.mask[slot] = _left_pad(mask[j : j + 1], columns - width)[0]
+            self.positions[slot] = positions[j]
+            self.logits[slot] = logits[j]
+            self.streams[slot] = streams[j]
+        if reused < len(streams):
+            rest = list(range(reused, len(streams)))
+            if reused:
+                cache = self.lm.select(cache, rest)
+            mask, positions, logits = mask[rest], positions[rest], logits[rest]
             width = mask.shape[1]
             columns = max(self.mask.shape[1], width)
             extra, extra_new = columns - self.mask.shape[1], columns - width
@@ -274,7 +296,7 @@ class Batch:
             self.mask = np.concatenate([_left_pad(self.mask, extra), _left_pad(mask, extra_new)])
             self.positions = np.concatenate([self.positions, positions])
             self.logits = np.concatenate([self.logits, logits])
-        self.streams += streams
+            self.streams += streams[reused:]
         return streams
 
     def cancel(self, ids: set[int]) -> None:
@@ -284,7 +306,10 @@ class Batch:
                 s.finish = "cancelled"
 
     def step(self) -> list[Delta]:
-        """Every row's next token; the rows that are done leave, the others decode it."""
+        """Every row's next token; the rows that are done leave, the others decode it. A row
+        that is done keeps its slot (decoding padding, masked) for a request that joins later,
+        until more than half the rows are done: then the batch is compacted. Columns that no
+        live row attends to are trimmed once they are a quarter of the cache."""
         tokens: np.ndarray = np.zeros(len(self.streams), dtype="int64")
         deltas = []
         for i, s in enumerate(self.streams):
@@ -294,23 +319,30 @@ class Batch:
             delta = s.add(int(tokens[i]), self.stop_ids)
             if delta.text or delta.finish_reason:
                 deltas.append(delta)
-        keep = [i for i, s in enumerate(self.streams) if s.finish is None]
-        if self.static and keep:
-            keep = list(range(len(self.streams)))
-            tokens[[i for i, s in enumerate(self.streams) if s.finish]] = self.tokenizer.pad_id
-        if len(keep) < len(self.streams):
-            self.streams = [self.streams[i] for i in keep]
-            if not keep:
-                self.cache = None
-                return deltas
-            tokens, self.mask, self.positions = tokens[keep], self.mask[keep], self.positions[keep]
-            self.cache = self.lm.select(self.cache, keep)
-            padding = int(np.argmax(self.mask.any(axis=0)))  # columns every row pads
-            if padding:
+        live = [i for i, s in enumerate(self.streams) if s.finish is None]
+        if not live:
+            self.streams, self.cache = [], None
+            return deltas
+        dead = [i for i, s in enumerate(self.streams) if s.finish is not None]
+        tokens[dead] = self.tokenizer.pad_id
+        if not self.static:
+            # Columns no live row attends to (left padding, and the slots of rows done).
+            padding = int(np.argmax(self.mask[live].any(axis=0)))
+            if len(dead) * 2 > len(self.streams):
+                self.streams = [self.streams[i] for i in live]
+                tokens, self.mask = tokens[live], self.mask[live]
+                self.positions = self.positions[live]
+                self.cache = self.lm.select(self.cache, live)
+                dead = []
+            if padding and (not dead or padding * 4 >= self.mask.shape[1]):
                 self.mask = self.mask[:, padding:]
                 self.cache = self.lm.trim(self.cache, padding)
-        self.mask = np.concatenate([self.mask, np.ones((len(keep), 1), "int64")], axis=1)
-        rows = [s.request.adapter for s in self.streams]
+        # Static batching: the rows that are done decode padding, attended, as they did.
+        column = np.ones((len(self.streams), 1), "int64")
+        if not self.static:
+            column[dead] = 0
+        self.mask = np.concatenate([self.mask, column], axis=1)
+        rows = [s.request.adapter if s.finish is None else "" for s in self.streams]
         self.logits, self.cache = self._forward(
             tokens[:, None], self.mask, self.positions, self.cache, rows
         )
@@ -377,6 +409,14 @@ class TorchLM:
     def trim(self, cache, columns: int):
         return self._cache([[t[:, :, columns:] for t in kv] for kv in self._layers(cache)])
 
+    def write(self, cache, slot: int, other, row: int, pad: int) -> None:
+        """Row ``row`` of ``other`` into row ``slot`` of ``cache``, in place, left-padded by
+        ``pad`` columns."""
+        with self.torch.inference_mode():  # the cache's tensors are inference tensors
+            for kv, other_kv in zip(self._layers(cache), self._layers(other), strict=True):
+                for t, o in zip(kv, other_kv, strict=True):
+                    t[slot] = self.torch.nn.functional.pad(o[row], (0, 0, pad, 0))
+
     def join(self, cache, pad: int, other, other_pad: int):
         def padded(t, n):  # n columns of zeros before the first (dim -2)
             return self.torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
@@ -438,6 +478,18 @@ class PaddleLM:
 
     def trim(self, cache, columns: int):
         return tuple(tuple(t[:, columns:] for t in kv) for kv in cache)
+
+    def write(self, cache, slot: int, other, row: int, pad: int) -> None:
+        """Row ``row`` of ``other`` into row ``slot`` of ``cache``, in place, left-padded by
+        ``pad`` columns."""
+        paddle = self.paddle
+        for kv, other_kv in zip(cache, other, strict=True):
+            for t, o in zip(kv, other_kv, strict=True):
+                source = o[row]
+                if pad:
+                    zeros = paddle.zeros([pad, *source.shape[1:]], source.dtype)
+                    source = paddle.concat([zeros, source], 0)
+                t[slot] = source
 
     def join(self, cache, pad: int, other, other_pad: int):
         paddle = self.paddle

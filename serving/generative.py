@@ -66,7 +66,7 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
         leaving: set[str] = set()  # adapters to unload once no request runs with them
 
         def unload_unused() -> None:
-            for name in leaving - {s.request.adapter for s in batch.streams}:
+            for name in leaving - {s.request.adapter for s in batch.streams if s.finish is None}:
                 generator.unload_adapter(name)
                 leaving.discard(name)
 

@@ -60,6 +60,52 @@ def test_requests_join_a_running_batch_and_each_generates_as_it_would_alone(gene
     assert sizes == [2, 2, 3, 3, 4, 4, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]
 
 
+def test_a_request_takes_the_slot_of_one_that_is_done_and_generates_as_alone(generator):
+    """Continuous batching keeps a finished row's slot (its cache masked) for the next request:
+    a request that joins then is written into it, left-padded to the batch's columns, and one
+    longer than the batch's columns is appended; each generates what it does alone."""
+    g = generator
+
+    def request(i: int, q: str, limit: int) -> GenerationRequest:
+        prompt = g.chat_prompt([{"role": "user", "content": q}])
+        return GenerationRequest(prompt, max_tokens=limit, temperature=0, id=i)
+
+    long_question = "请问" + "，".join(QUESTIONS) + "这些都等于几？"
+    plan = {
+        0: [
+            request(0, QUESTIONS[1], 14),
+            request(1, QUESTIONS[2], 3),
+            request(2, QUESTIONS[0], 14),
+        ],
+        5: [request(3, QUESTIONS[3], 6)],  # into the slot of request 1 (done at step 3)
+        7: [request(4, long_question, 4)],  # longer than the batch's columns: appended
+    }
+    alone = {}
+    for group in plan.values():
+        for r in group:
+            batch = g.batch()
+            batch.stop_ids = set()
+            batch.add([r])
+            text = ""
+            while len(batch):
+                text += "".join(d.text for d in batch.step())
+            alone[r.id] = text
+    batch = g.batch()
+    batch.stop_ids = set()
+    texts = dict.fromkeys(alone, "")
+    rows, step = [], 0
+    while len(batch) or step <= max(plan):
+        if step in plan:
+            batch.add(plan[step])
+        rows.append(len(batch.streams))
+        for delta in batch.step():
+            texts[delta.id] += delta.text
+        step += 1
+    assert texts == alone
+    assert rows[5] == 3  # request 3 took request 1's slot: no new row
+    assert max(rows) == 4  # the long one was appended
+
+
 def test_a_cancelled_request_leaves_at_the_next_step_and_the_others_go_on(generator):
     g = generator
     requests = [
