@@ -63,6 +63,7 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
             [GenerationRequest(prompt, max_tokens=4, temperature=0)] * max_batch_size
         )
         batch = generator.batch()
+        joining: list[GenerationRequest] = []  # sent since the last step
         leaving: set[str] = set()  # adapters to unload once no request runs with them
 
         def unload_unused() -> None:
@@ -87,28 +88,38 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
             if message is None:
                 sys.exit(0)  # the host stops the process
             if "cancel" in message:
-                batch.cancel(set(message["cancel"]))
+                cancelled = set(message["cancel"])
+                batch.cancel(cancelled)
+                joining[:] = [r for r in joining if r.id not in cancelled]
                 return
             if "adapters" in message:
                 adapters(message["adapters"])
                 return
-            if not len(batch) and batch.static != message["static"]:
+            if not len(batch) and not joining and batch.static != message["static"]:
                 batch = generator.batch(message["static"])
-            requests = [GenerationRequest(**r) for r in message["join"]]
+            joining.extend(GenerationRequest(**r) for r in message["join"])
+
+        def admit() -> None:
+            """The requests that came since the last step join it, prefilled together."""
             # An adapter unloaded before its request arrived: that request fails, alone.
             known = set(generator.adapters.names()) if generator.adapters else set()
-            lost = [r.id for r in requests if r.adapter and r.adapter not in known]
+            lost = [r.id for r in joining if r.adapter and r.adapter not in known]
             if lost:
                 send(conn, ("rejected", {"ids": lost, "error": "its adapter was unloaded"}))
-            batch.add([r for r in requests if r.id not in lost])
+            batch.add([r for r in joining if r.id not in lost])
+            joining.clear()
 
         def handle(message) -> None:
             nonlocal batch
             try:
                 take(message)
-                while len(batch):
+                while len(batch) or joining:
                     while conn.poll():
                         take(conn.recv())
+                    if joining:
+                        admit()
+                    if not len(batch):
+                        continue
                     deltas = batch.step()
                     if deltas:
                         send(conn, ("step", [asdict(d) for d in deltas]))
@@ -116,6 +127,7 @@ def main(conn: Connection, export_dir: str, device: str, max_batch_size: int) ->
                         unload_unused()
             except Exception:
                 batch = generator.batch()  # its requests are failed by the host
+                joining.clear()
                 raise
 
         return handle

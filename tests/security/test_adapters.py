@@ -37,6 +37,7 @@ def test_another_teams_version_is_never_an_adapter_of_ones_endpoint(
     with pytest.raises(ValidationError, match="another team"):
         adapter_add(actor=mallory, endpoint=endpoint, name="x", model_version=victims)
     client.force_login(mallory)
+    client.defaults["HTTP_ACCEPT_LANGUAGE"] = "en"  # the reasons are asserted in English
     url = reverse("deployment:api_adapters", kwargs={"team": evil.slug, "endpoint_id": endpoint.pk})
     r = client.post(
         url, {"name": "x", "model_version": victims.pk}, content_type="application/json"
