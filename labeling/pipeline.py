@@ -202,8 +202,9 @@ def run_import(
     # Hot loop: look the per-row callables up once.
     build_row, dedup_key, row_labels = schema.build_row, schema.dedup_key, schema.row_labels
     separators = len(schema.text_fields) - 1
-    # Generative rows: no labels; whether a row has its answer, and a note on those without.
-    generative = schema.generative
+    # Rows without the team's labels (generative, evaluation): whether a row has its answer,
+    # and a note on those without.
+    answered = not schema.takes_labels
     is_labeled, note, text_length = schema.is_labeled, schema.note, schema.text_length
     seen_add, strata_append, digest_update = seen.add, strata.append, digest.update
     bisect_right = bisect.bisect_right
@@ -254,7 +255,7 @@ def run_import(
             labels = row_labels(row)
             for label in labels:
                 label_counts[label] = label_counts.get(label, 0) + 1
-            if generative:
+            if answered:
                 length = text_length(row)
                 if not is_labeled(row):
                     unlabeled += 1

@@ -47,7 +47,7 @@ def labeling_project_create(
     if not name:
         raise ValidationError(_("A labeling project needs a name."))
     labels = clean_labels(labels) or list(dataset.labels) or list(version.stats.get("labels", {}))
-    if not labels and not task_kinds.get(dataset.task_kind).generative:
+    if not labels and task_kinds.get(dataset.task_kind).takes_labels:
         raise ValidationError(_("Give the labels the annotators choose from."))
     if selection not in LabelingProject.Selection.values:
         raise ValidationError(_("Unknown row selection “%(s)s”.") % {"s": selection})

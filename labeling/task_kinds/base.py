@@ -120,6 +120,9 @@ class Kind(ABC):
     # The field that carries the annotation, if any: stratification and statistics use it.
     label_field: str | None
     text_fields: tuple[str, ...] = ("text",)
+    # Whether its rows carry labels the team defines (its label config lists them); a kind
+    # without (the generative kinds, evaluation sets) is labeled once a row has its answer.
+    takes_labels: bool = True
 
     @property
     def generative(self) -> bool:

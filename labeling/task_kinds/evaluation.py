@@ -41,6 +41,7 @@ class Evaluation(Kind):
     )
     label_field = "answer"
     text_fields = ("question",)
+    takes_labels = False  # the options are A to D, an open question's answer is written
 
     def propose_mapping(self, columns: list[str]) -> dict[str, str]:
         # An option is a column of its own name only: "A" is in "category" and "answer".

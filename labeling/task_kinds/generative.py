@@ -122,6 +122,7 @@ class Generative(Kind):
     search), and it is labeled once it has its answer."""
 
     label_field = None
+    takes_labels = False
 
     @abstractmethod
     def dedup_key(self, row: dict) -> str: ...

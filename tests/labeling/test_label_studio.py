@@ -26,8 +26,9 @@ def test_each_task_kind_makes_a_label_studio_project(kind):
     project = ls.projects.create(title=f"test-{kind}-{uuid.uuid4().hex[:8]}", label_config=config)
     try:
         stored = ls.projects.get(id=project.id)
-        if task_kinds.get(kind).generative:  # a response to write, or two to compare
-            assert ("TextArea" if kind == "instruction" else "Pairwise") in stored.label_config
+        if not task_kinds.get(kind).takes_labels:  # an answer to write, choose or compare
+            expected = {"instruction": "TextArea", "preference": "Pairwise"}.get(kind, "Choices")
+            assert expected in stored.label_config
         else:
             assert "正面" in stored.label_config and "负面" in stored.label_config
     finally:
@@ -36,7 +37,7 @@ def test_each_task_kind_makes_a_label_studio_project(kind):
 
 def test_label_configs_escape_labels_and_give_hotkeys():
     for schema in task_kinds.KINDS.values():
-        if schema.generative:
+        if not schema.takes_labels:
             continue
         root = ElementTree.fromstring(schema.label_config(["A&B", 'say "hi"', "<x>"]))
         values = [e.get("value") for e in root.iter() if e.tag in ("Choice", "Label")]
