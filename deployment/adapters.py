@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 
 from console.services import audit_record
-from deployment.models import Endpoint, EndpointAdapter
+from deployment.models import MIN_RATE_PER_S, Endpoint, EndpointAdapter
 from deployment.reconcile import converge_soon
 from runtime.adapters import MAX_ADAPTERS, NAME
 from runtime.generation import RUNTIMES as GENERATIVE_RUNTIMES
@@ -96,8 +96,10 @@ def adapter_add(
         raise ValidationError(_("The endpoint has an adapter named %(n)s.") % {"n": name})
     if endpoint.adapters.count() >= MAX_ADAPTERS:
         raise ValidationError(_("An endpoint serves at most %(n)d adapters.") % {"n": MAX_ADAPTERS})
-    if rate_per_s is not None and rate_per_s <= 0:
-        raise ValidationError(_("A rate limit is a positive number of requests per second."))
+    if rate_per_s is not None and not rate_per_s >= MIN_RATE_PER_S:
+        raise ValidationError(
+            _("A rate limit is at least %(n)s requests per second.") % {"n": MIN_RATE_PER_S}
+        )
     served = endpoint.stable_revision.model_version if endpoint.stable_revision else None
     if served is None:
         raise ValidationError(_("The endpoint serves no model yet."))

@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 
 from console.services import audit_record, key_expiry
-from deployment.models import Endpoint, EndpointKey
+from deployment.models import MIN_RATE_PER_S, Endpoint, EndpointKey
 from deployment.reconcile import converge_soon
 
 
@@ -30,8 +30,10 @@ def endpoint_key_create(
     name = name.strip()
     if not name:
         raise ValidationError(_("A key needs a name."))
-    if rate_per_s is not None and rate_per_s <= 0:
-        raise ValidationError(_("A rate limit is a positive number of requests per second."))
+    if rate_per_s is not None and not rate_per_s >= MIN_RATE_PER_S:
+        raise ValidationError(
+            _("A rate limit is at least %(n)s requests per second.") % {"n": MIN_RATE_PER_S}
+        )
     adapters = sorted(set(adapters or []))
     unknown = set(adapters) - set(endpoint.adapters.values_list("name", flat=True))
     if unknown:

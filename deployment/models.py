@@ -14,6 +14,8 @@ from training.models import ModelVersion
 # An endpoint's cap on a generated reply's tokens: its default and the largest it may be.
 MAX_TOKENS_DEFAULT = 1024
 MAX_TOKENS_LIMIT = 32768
+# The smallest rate limit of a key or an adapter (requests per second).
+MIN_RATE_PER_S = 0.01
 
 
 class ServingHost(models.Model):
@@ -145,7 +147,10 @@ class EndpointAdapter(Created):
     )
     # Requests per second to it over all keys (per serving host); empty: no limit.
     rate_per_s = models.FloatField(
-        _("rate limit (requests/s)"), null=True, blank=True, validators=[MinValueValidator(0.01)]
+        _("rate limit (requests/s)"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_RATE_PER_S)],
     )
 
     class Meta:
@@ -194,7 +199,10 @@ class EndpointKey(HashedKey):
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="keys")
     # Requests per second this key may send (per serving host); empty: no limit.
     rate_per_s = models.FloatField(
-        _("rate limit (requests/s)"), null=True, blank=True, validators=[MinValueValidator(0.01)]
+        _("rate limit (requests/s)"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_RATE_PER_S)],
     )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"

@@ -4,8 +4,8 @@ the real Label Studio as predictions with scores, least confident served first."
 import pytest
 from django.core.exceptions import ValidationError
 
-from deployment.hosts import endpoint_predict
-from deployment.preannotate import endpoint_chat_complete, preannotate_run, preannotate_start
+from deployment.hosts import endpoint_chat_complete, endpoint_predict
+from deployment.preannotate import DRAFT_MAX_TOKENS, preannotate_run, preannotate_start
 from deployment.rollout import endpoint_deploy
 from labeling import label_studio
 from labeling.datasets import dataset_create
@@ -110,7 +110,9 @@ def test_a_chat_model_drafts_the_responses_annotators_correct(
             data = p.model_dump() if hasattr(p, "model_dump") else p
             drafts[task.data["platform_row"]] = data["result"][0]["value"]["text"][0]
     expected = endpoint_chat_complete(
-        endpoint=endpoint, messages=[{"role": "user", "content": "3加4等于几？"}]
+        endpoint=endpoint,
+        messages=[{"role": "user", "content": "3加4等于几？"}],
+        max_tokens=DRAFT_MAX_TOKENS,
     )
     assert drafts[1] == expected and "等于" in drafts[1]
 
