@@ -14,6 +14,7 @@ from console.pagination import PaginatedList
 from console.roles import Perm
 from deployment import selectors
 from deployment.adapters import adapter_add, adapter_remove
+from deployment.evaluations import endpoint_evaluation_start
 from deployment.hosts import HostError, endpoint_chat, endpoint_predict
 from deployment.keys import endpoint_key_create, endpoint_key_revoke
 from deployment.metrics import metrics_collect
@@ -35,6 +36,7 @@ from deployment.serializers import (
     ComparisonSerializer,
     DeploySerializer,
     EndpointDetailSerializer,
+    EndpointEvaluateSerializer,
     EndpointPromotedSerializer,
     EndpointSerializer,
     KeyCreatedSerializer,
@@ -48,7 +50,8 @@ from deployment.serializers import (
 )
 from labeling.selectors import labeling_project_get
 from runtime.kinds import GENERATIVE_KINDS
-from training.selectors import model_version_get
+from training.selectors import evaluation_set_get, model_version_get
+from training.serializers import ModelEvaluationSerializer
 
 
 def validated_with_model_version(serializer_class: type[Serializer], request: Request) -> dict:
@@ -188,6 +191,33 @@ class AdapterDetail(DeploymentAPIView):
 
     get = Op.retrieve(selectors.endpoint_adapter_get, AdapterSerializer)
     delete = Op.delete(adapter_remove, adapter=selectors.endpoint_adapter_get)
+
+
+class EndpointEvaluations(PaginatedList, DeploymentAPIView):
+    """The endpoint's scores on evaluation sets; POST queues one (``deployment.evaluations``):
+    the endpoint, or one of its adapters, called on every question through its API."""
+
+    write_permission = Perm.TRAINING_WRITE
+
+    def parent(self):
+        return self.endpoint()
+
+    get = Op.list(selectors.endpoint_evaluations, ModelEvaluationSerializer)
+
+    @extend_schema(request=EndpointEvaluateSerializer, responses={201: ModelEvaluationSerializer})
+    def post(self, request: Request, team: str, endpoint_id: int) -> Response:
+        endpoint = self.endpoint()
+        data = validated(EndpointEvaluateSerializer, request)
+        evaluation = service_call(
+            endpoint_evaluation_start,
+            actor=request.user,
+            team=request.team,
+            endpoint=endpoint,
+            dataset_version=evaluation_set_get(request.team, data["evaluation_set"]),
+            adapter=data["adapter"],
+            max_new_tokens=data["max_new_tokens"],
+        )
+        return created(ModelEvaluationSerializer, evaluation)
 
 
 class KeyRevoke(DeploymentAPIView):

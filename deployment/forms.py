@@ -149,3 +149,20 @@ class PreannotateForm(forms.Form):
     def __init__(self, *args, endpoints, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["endpoint"].queryset = endpoints
+
+
+class EndpointEvaluateForm(forms.Form):
+    evaluation_set = forms.ModelChoiceField(
+        queryset=None, label=_("Evaluation set"), empty_label=None
+    )
+    adapter = forms.ChoiceField(label=_("Called as"), required=False)
+    max_new_tokens = forms.IntegerField(
+        min_value=1, max_value=1024, initial=64, label=_("New tokens")
+    )
+
+    def __init__(self, *args, endpoint, evaluation_sets, adapters: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["evaluation_set"].queryset = evaluation_sets
+        self.fields["adapter"].choices = [("", endpoint.name)] + [
+            (a, f"{endpoint.name}/{a}") for a in adapters
+        ]

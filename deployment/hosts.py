@@ -6,6 +6,7 @@ and playground, pre-annotation), answered by the first serving host that is reac
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,7 +84,8 @@ class HostClient:
 
     def chat(self, body: dict) -> tuple[int, dict]:
         """A chat completion as the platform (pre-annotation drafts), not streamed."""
-        return self._infer(body["model"], "/v1/chat/completions", {**body, "stream": False})
+        endpoint = body["model"].partition("/")[0]  # "<endpoint>/<adapter>": the endpoint's key
+        return self._infer(endpoint, "/v1/chat/completions", {**body, "stream": False})
 
     @staticmethod
     def _as_platform(endpoint: str) -> dict[str, str]:
@@ -101,9 +103,12 @@ class HostClient:
         except requests.RequestException as exc:
             raise HostError(f"{self.url} is unreachable: {type(exc).__name__}") from exc
         try:
-            return response.status_code, response.json()
+            answer = response.json()
         except ValueError:
-            return response.status_code, {"error": {"message": response.text[:300]}}
+            answer = {"error": {"message": response.text[:300]}}
+        if response.status_code == 429 and isinstance(answer, dict):
+            answer["retry_after"] = response.headers.get("Retry-After", "")
+        return response.status_code, answer
 
     def chat_stream(self, body: dict) -> Iterator[bytes]:
         """A streamed chat completion as the platform (the console's playground): the host's
@@ -112,7 +117,7 @@ class HostClient:
             response = self.session.post(
                 f"{self.url}/v1/chat/completions",
                 json={**body, "stream": True},
-                headers=self._as_platform(body["model"]),
+                headers=self._as_platform(body["model"].partition("/")[0]),
                 stream=True,
                 timeout=(3.0, 120.0),
             )
@@ -140,12 +145,26 @@ def endpoint_predict(*, endpoint: Endpoint, inputs: list, top_k: int = 5) -> tup
     raise HostError("; ".join(errors) or _("No serving host is configured."))
 
 
-def endpoint_chat_complete(*, endpoint: Endpoint, messages: list[dict], max_tokens: int) -> str:
+BUSY_RETRIES = 10
+
+
+def _retry_after(answer: dict) -> float:
+    """The seconds a 429 asks to wait (Retry-After), within 0.1–30."""
+    try:
+        return min(max(float(answer.get("retry_after") or 1), 0.1), 30.0)
+    except ValueError:
+        return 1.0
+
+
+def endpoint_chat_complete(
+    *, endpoint: Endpoint, messages: list[dict], max_tokens: int, adapter: str = ""
+) -> str:
     """A generative endpoint's greedy reply to ``messages`` (at most ``max_tokens``, the
-    endpoint's own cap applying), from the first reachable host."""
+    endpoint's own cap applying), from the first reachable host; from its ``adapter``, if
+    named."""
     errors = []
     body = {
-        "model": endpoint.name,
+        "model": f"{endpoint.name}/{adapter}" if adapter else endpoint.name,
         "messages": messages,
         "temperature": 0,
         "max_tokens": max_tokens,
@@ -153,6 +172,12 @@ def endpoint_chat_complete(*, endpoint: Endpoint, messages: list[dict], max_toke
     for url in settings.SERVING_HOSTS:
         try:
             status, answer = HostClient(url).chat(body)
+            # A full queue or a rate limit (the adapter's): waited out, as a client would.
+            for _retry in range(BUSY_RETRIES):
+                if status != 429:
+                    break
+                time.sleep(_retry_after(answer))
+                status, answer = HostClient(url).chat(body)
         except HostError as exc:
             errors.append(str(exc))
             continue

@@ -59,6 +59,8 @@ def judge_start(
     evaluation = ModelEvaluation.objects.select_for_update().get(pk=evaluation.pk)
     if endpoint.team_id != evaluation.team_id:
         raise ValidationError(_("That endpoint belongs to another team."))
+    if evaluation.status != ModelEvaluation.Status.DONE:
+        raise ValidationError(_("The evaluation is not done yet: judge it once it is."))
     if endpoint.task_kind not in GENERATIVE_KINDS:
         raise ValidationError(_("%(e)s is not a large model: it cannot judge.") % {"e": endpoint})
     if not evaluation.metrics.get("open_rows"):

@@ -18,6 +18,7 @@ from deployment.models import (
     ServingHost,
 )
 from serving.metrics import BUCKETS_MS, COUNTERS, percentile
+from training.models import ModelEvaluation
 
 
 def team_endpoints(team: Team) -> QuerySet[Endpoint]:
@@ -75,6 +76,13 @@ def endpoint_adapters(endpoint: Endpoint) -> QuerySet[EndpointAdapter]:
 
 def endpoint_adapter_get(endpoint: Endpoint, adapter_id: int) -> EndpointAdapter:
     return get_object_or_404(endpoint_adapters(endpoint), pk=adapter_id)
+
+
+def endpoint_evaluations(endpoint: Endpoint) -> QuerySet[ModelEvaluation]:
+    """The endpoint's scores on evaluation sets (``deployment.evaluations``), newest first."""
+    return ModelEvaluation.objects.filter(
+        team_id=endpoint.team_id, endpoint__id=endpoint.pk
+    ).select_related("model_version", "dataset_version__dataset")
 
 
 def endpoint_key_get(endpoint: Endpoint, key_id: int) -> EndpointKey:

@@ -234,3 +234,13 @@ class ChatSerializer(serializers.Serializer):
 
 class PreannotateSerializer(serializers.Serializer):
     endpoint = serializers.IntegerField()
+
+
+class EndpointEvaluateSerializer(serializers.Serializer):
+    evaluation_set = serializers.IntegerField(
+        help_text="The id of a dataset version of the kind evaluation."
+    )
+    adapter = serializers.CharField(
+        default="", allow_blank=True, max_length=60, help_text="Empty: the endpoint's model."
+    )
+    max_new_tokens = serializers.IntegerField(default=64, min_value=1, max_value=1024)

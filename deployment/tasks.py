@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from deployment import judge, metrics, preannotate, reconcile
+from deployment import evaluations, judge, metrics, preannotate, reconcile
 from deployment.hosts import HostError
 
 
@@ -34,3 +34,8 @@ def preannotate_labeling_project(project_id: int, endpoint_id: int) -> int:
 @shared_task(ignore_result=True)
 def judge_model_evaluation(evaluation_id: int) -> dict:
     return judge.judge_run(evaluation_id)
+
+
+@shared_task(ignore_result=True)
+def evaluate_endpoint(evaluation_id: int) -> None:
+    evaluations.endpoint_evaluation_run(evaluation_id)

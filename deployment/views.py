@@ -17,10 +17,12 @@ from console.permissions import team_view
 from console.roles import Perm, role_allows
 from deployment import rollout, selectors
 from deployment.adapters import adapter_add, adapter_remove, adapter_versions
+from deployment.evaluations import endpoint_evaluation_start
 from deployment.forms import (
     AdapterForm,
     CanaryForm,
     DeployForm,
+    EndpointEvaluateForm,
     JudgeForm,
     KeyForm,
     PreannotateForm,
@@ -31,7 +33,7 @@ from deployment.preannotate import preannotate_start
 from deployment.quality import compare_with_serving
 from labeling.selectors import labeling_project_get
 from runtime.kinds import GENERATIVE_KINDS
-from training.selectors import model_evaluation_get
+from training.selectors import model_evaluation_get, team_evaluation_sets
 
 
 def _endpoint_page(request: HttpRequest, endpoint) -> HttpResponse:
@@ -127,6 +129,10 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
             "new_key": new_key,
             "key_form": KeyForm(adapters=[a.name for a in adapters]),
             "adapter_rows": adapter_rows,
+            "evaluations": selectors.endpoint_evaluations(endpoint)[:20] if generative else [],
+            "evaluate_form": _evaluate_form(request, endpoint, adapters)
+            if generative and role_allows(request.membership.role, Perm.TRAINING_WRITE)
+            else None,
             "adapter_form": AdapterForm(versions=adapter_versions(endpoint))
             if generative and can_write
             else None,
@@ -137,6 +143,15 @@ def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None)
             "can_roll_back": len(active) > 1
             or bool(endpoint.stable_revision and endpoint.stable_revision.replaced_id),
         },
+    )
+
+
+def _evaluate_form(request: HttpRequest, endpoint, adapters, data=None) -> EndpointEvaluateForm:
+    return EndpointEvaluateForm(
+        data,
+        endpoint=endpoint,
+        evaluation_sets=team_evaluation_sets(request.team),
+        adapters=[a.name for a in adapters],
     )
 
 
@@ -289,6 +304,33 @@ def endpoint_adapter_remove(
     adapter_remove(actor=request.user, adapter=adapter)
     messages.success(request, _("The adapter is removed."))
     return _endpoint_page(request, endpoint)
+
+
+@team_view(write=Perm.TRAINING_WRITE)
+@require_POST
+def endpoint_evaluate(request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    """Score the endpoint (or one of its adapters) on an evaluation set, through its API."""
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    adapters = list(selectors.endpoint_adapters(endpoint))
+    form = _evaluate_form(request, endpoint, adapters, request.POST)
+    if not form.is_valid():
+        return _form_refused(request, endpoint, form)
+    try:
+        evaluation = endpoint_evaluation_start(
+            actor=request.user,
+            team=request.team,
+            endpoint=endpoint,
+            dataset_version=form.cleaned_data["evaluation_set"],
+            adapter=form.cleaned_data["adapter"] or "",
+            max_new_tokens=form.cleaned_data["max_new_tokens"],
+        )
+    except ValidationError as exc:
+        messages.error(request, error_text(exc))
+        return _endpoint_page(request, endpoint)
+    messages.success(request, _("The evaluation is queued; its figures come on this page."))
+    return redirect(
+        "training:model_evaluation", team=request.team.slug, evaluation_id=evaluation.pk
+    )
 
 
 @team_view(write=Perm.TRAINING_WRITE)

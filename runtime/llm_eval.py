@@ -19,7 +19,7 @@ import json
 import re
 import time
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,18 @@ from runtime.metrics import rouge_l
 
 OPTIONS = ("A", "B", "C", "D")
 FIRST_OPTION = re.compile(r"[ABCD]")
+
+
+def questions(rows: Iterable[dict]) -> list[dict]:
+    """An evaluation set's questions (a row with its answer or a reference) in the order every
+    evaluation numbers them: the train split's, the dev split's, then the test split's."""
+    from runtime.data import is_labeled
+
+    splits: dict[str, list[dict]] = {"train": [], "dev": [], "test": []}
+    for row in rows:
+        if is_labeled("evaluation", row):
+            splits.get(row.get("split") or "train", splits["train"]).append(row)
+    return [row for split in splits.values() for row in split]
 
 
 def is_choice(row: dict) -> bool:
@@ -151,35 +163,51 @@ def evaluate_set(
         progress(len(choice))
         written = answers(prompts, 8)
         for k, i in enumerate(choice):
-            row = rows[i]
-            by_likelihood = OPTIONS[int(np.argmax(scores[k]))]
-            found = FIRST_OPTION.search(written[k])
-            items[i] = {
-                "row": i + 1,
-                "type": "choice",
-                "question": row["question"],
-                "subject": row.get("subject") or "",
-                "answer": row["answer"],
-                "loglik": [round(float(s), 4) for s in scores[k]],
-                "choice_loglik": by_likelihood,
-                "generated": written[k],
-                "choice_generation": found[0] if found else None,
-            }
+            items[i] = choice_item(i, rows[i], written[k], scores[k])
     if open_:
         texts = answers([tokenizer.prompt_ids(open_prompt(rows[i])) for i in open_], max_new_tokens)
         for i, text in zip(open_, texts, strict=True):
-            references = rows[i]["references"]
-            items[i] = {
-                "row": i + 1,
-                "type": "open",
-                "question": rows[i]["question"],
-                "subject": rows[i].get("subject") or "",
-                "references": references,
-                "generated": text,
-                "exact_match": float(any(_normal(text) == _normal(r) for r in references)),
-                "rouge_l": round(max(rouge_l(text, r) for r in references), 4),
-                "bleu": round(bleu(text, references), 4),
-            }
+            items[i] = open_item(i, rows[i], text)
+    return summarise(items)
+
+
+def choice_item(index: int, row: dict, written: str, scores=None) -> dict:
+    """A multiple-choice row's scores: the choice its answer writes, and the likeliest option
+    where the options' log-likelihoods are known (a model version's, not an endpoint's)."""
+    found = FIRST_OPTION.search(written)
+    item = {
+        "row": index + 1,
+        "type": "choice",
+        "question": row["question"],
+        "subject": row.get("subject") or "",
+        "answer": row["answer"],
+        "generated": written,
+        "choice_generation": found[0] if found else None,
+    }
+    if scores is not None:
+        item["loglik"] = [round(float(s), 4) for s in scores]
+        item["choice_loglik"] = OPTIONS[int(np.argmax(scores))]
+    return item
+
+
+def open_item(index: int, row: dict, text: str) -> dict:
+    """An open question's scores against its references."""
+    references = row["references"]
+    return {
+        "row": index + 1,
+        "type": "open",
+        "question": row["question"],
+        "subject": row.get("subject") or "",
+        "references": references,
+        "generated": text,
+        "exact_match": float(any(_normal(text) == _normal(r) for r in references)),
+        "rouge_l": round(max(rouge_l(text, r) for r in references), 4),
+        "bleu": round(bleu(text, references), 4),
+    }
+
+
+def summarise(items: list[dict]) -> dict:
+    """Every row's scores with the figures overall and per subject."""
     return {"metrics": _summary(items), "subjects": _by_subject(items), "items": items}
 
 
@@ -191,8 +219,9 @@ def _summary(items: list[dict]) -> dict:
     choice = [x for x in items if x["type"] == "choice"]
     open_ = [x for x in items if x["type"] == "open"]
     metrics: dict = {"rows": len(items), "choice_rows": len(choice), "open_rows": len(open_)}
-    if choice:
+    if choice and all("choice_loglik" in x for x in choice):
         metrics["accuracy_loglik"] = _mean([x["choice_loglik"] == x["answer"] for x in choice])
+    if choice:
         metrics["accuracy_generation"] = _mean(
             [x["choice_generation"] == x["answer"] for x in choice]
         )
@@ -215,16 +244,13 @@ def run_evaluation(spec, workdir: Path, emit) -> dict:
     row of the evaluation set in ``data/``; ``evaluation.json`` holds the figures and the rows'
     scores, progress is reported as the rows are scored."""
     from runtime.compress import PARENT_DIR
-    from runtime.data import is_labeled, read_rows
+    from runtime.data import read_rows
     from runtime.generation import Generator
 
     emit("state", phase="loading")
     generator = Generator(workdir / PARENT_DIR / "export", spec.device or "cpu")
-    rows = []
-    for split in ("train", "dev", "test"):
-        path = workdir / "data" / f"{split}.jsonl"
-        if path.exists():
-            rows += [r for r in read_rows(path) if is_labeled("evaluation", r)]
+    splits = [workdir / "data" / f"{split}.jsonl" for split in ("train", "dev", "test")]
+    rows = questions(row for path in splits if path.exists() for row in read_rows(path))
     if not rows:
         raise ValueError("the evaluation set has no question with its answer or a reference")
     emit("log", message=f"{len(rows)} questions, scored with {spec.hp.max_new_tokens} new tokens")

@@ -1,10 +1,14 @@
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management.base import CommandError
+from django.db import DatabaseError
+from django.test import TransactionTestCase
 from django.utils import translation
 
 from console.models import Membership, Team
@@ -17,6 +21,25 @@ from tests.helpers.workers import start_train_worker, start_worker, stop_worker
 collect_ignore = ["runtime"]
 # Trained exports, a serving host process: for tests/deployment and the browser tests.
 pytest_plugins = ["tests.deployment.fixtures"]
+
+_flush = TransactionTestCase._fixture_teardown
+
+
+def _flush_again_after_a_deadlock(self) -> None:
+    """A transactional test's flush (one TRUNCATE of every table) can deadlock with the
+    suite's real workers, which go on writing after a test has seen what it waited for (a
+    node's heartbeat registering its devices again, a finished job's audit line); PostgreSQL
+    then aborts the flush. It is tried again once they are done."""
+    for attempt in range(5):
+        try:
+            return _flush(self)
+        except CommandError as exc:
+            if attempt == 4 or not isinstance(exc.__cause__, DatabaseError):
+                raise
+            time.sleep(1 + attempt)
+
+
+TransactionTestCase._fixture_teardown = _flush_again_after_a_deadlock  # type: ignore[method-assign]
 
 
 @pytest.fixture

@@ -110,9 +110,12 @@ def _numbers(value) -> dict:
     }
 
 
-def _wrong(item: dict) -> bool:
+def wrong_answer(item: dict) -> bool:
+    """A question answered wrong: the likeliest option (the option written, where there are
+    no likelihoods: an endpoint's), or an open answer that matches no reference."""
     if item.get("type") == "choice":
-        return item.get("choice_loglik") != item.get("answer")
+        chosen = item["choice_loglik"] if "choice_loglik" in item else item.get("choice_generation")
+        return chosen != item.get("answer")
     return not item.get("exact_match")
 
 
@@ -145,7 +148,7 @@ def evaluation_register(job: TrainingJob, workdir: Path) -> ModelEvaluation:
             metrics=_numbers(evaluation.get("metrics")),
             subjects=subjects,
             items_file=name,
-            mistakes=[x for x in items if _wrong(x)][:MISTAKES],
+            mistakes=[x for x in items if wrong_answer(x)][:MISTAKES],
             seconds=seconds if isinstance(seconds, int | float) else None,
             created_by=job.created_by,
         )
@@ -155,7 +158,11 @@ def evaluation_register(job: TrainingJob, workdir: Path) -> ModelEvaluation:
 
 
 def ranked_by(evaluations: list[ModelEvaluation]) -> str | None:
-    """The figure a leaderboard ranks by: the first of RANKED_BY that its evaluations have."""
+    """The figure a leaderboard ranks by: the first of RANKED_BY that all its evaluations have
+    (an endpoint's has no log-likelihoods), else the first that any has."""
+    for name in RANKED_BY:
+        if evaluations and all(name in e.metrics for e in evaluations):
+            return name
     for name in RANKED_BY:
         if any(name in e.metrics for e in evaluations):
             return name
@@ -163,15 +170,18 @@ def ranked_by(evaluations: list[ModelEvaluation]) -> str | None:
 
 
 def leaderboard(dataset_version: DatasetVersion) -> dict:
-    """Every model version scored on the set, best first (the latest score of each), with
-    the subjects as columns: ``{"ranked_by", "figures", "subjects", "rows"}``."""
-    latest: dict[int, ModelEvaluation] = {}
+    """Every model version and endpoint scored on the set, best first (the latest score of
+    each version, and of each endpoint and adapter), with the subjects as columns:
+    ``{"ranked_by", "figures", "subjects", "rows"}``."""
+    latest: dict[tuple, ModelEvaluation] = {}
     for e in (
-        ModelEvaluation.objects.filter(dataset_version=dataset_version)
+        ModelEvaluation.objects.filter(
+            dataset_version=dataset_version, status=ModelEvaluation.Status.DONE
+        )
         .select_related("model_version")
         .order_by("created_at")
     ):
-        latest[e.model_version_id] = e
+        latest[(e.model_version_id, e.endpoint.get("id"), e.endpoint.get("adapter"))] = e
     evaluations = list(latest.values())
     key = ranked_by(evaluations)
     # Best first; a tie goes to the other figures, then to the newer version.
@@ -181,7 +191,7 @@ def leaderboard(dataset_version: DatasetVersion) -> dict:
     )
     subjects = sorted({s for e in evaluations for s in e.subjects})
     figures = [f for f in FIGURES if any(f in e.metrics for e in evaluations)]
-    subject_figure = "accuracy_loglik" if key and key.startswith("accuracy") else key
+    subject_figure = key
     return {
         "ranked_by": key,
         "figures": figures,
@@ -191,6 +201,7 @@ def leaderboard(dataset_version: DatasetVersion) -> dict:
                 "rank": i + 1,
                 "evaluation": e,
                 "version": e.model_version,
+                "scored": e.scored,
                 "figures": [e.metrics.get(f) for f in figures],
                 "subjects": [(e.subjects.get(s) or {}).get(subject_figure) for s in subjects],
             }
@@ -203,11 +214,13 @@ def leaderboard_table(board: dict) -> list[list[str]]:
     """The leaderboard as rows of cells (the CSV export): a header, then a row a version."""
     from labeling.exports import neutralise
 
-    header = ["rank", "model_version", "evaluated_at", *board["figures"], *board["subjects"]]
-    rows = [header]
+    header = ["rank", "model_version", "endpoint", "evaluated_at"]
+    rows = [header + board["figures"] + board["subjects"]]
     for row in board["rows"]:
+        evaluation = row["evaluation"]
         cells = [str(row["rank"]), str(row["version"])]
-        cells.append(row["evaluation"].created_at.isoformat(timespec="seconds"))
+        cells.append(evaluation.scored if evaluation.endpoint.get("name") else "")
+        cells.append(evaluation.created_at.isoformat(timespec="seconds"))
         cells += ["" if v is None else f"{v:.4f}" for v in [*row["figures"], *row["subjects"]]]
         rows.append(cells)
     # A version's or a subject's name is the team's text: no cell starts a formula.

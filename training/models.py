@@ -359,10 +359,22 @@ class ModelEvaluation(Created):
     ``evaluation``) by an evaluate job (``training.evaluations``): the figures overall and per
     subject; every question's scores in storage. The set's leaderboard is these."""
 
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        RUNNING = "running", _("running")
+        DONE = "done", _("done")
+        FAILED = "failed", _("failed")
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="model_evaluations")
+    # The version scored; for an endpoint, the version its traffic went to (the most of it).
     model_version = models.ForeignKey(
         ModelVersion, on_delete=models.CASCADE, related_name="model_evaluations"
     )
+    # An evaluate job's result is made done; an endpoint's is scored by a Celery task.
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DONE)
+    # A deployed endpoint scored through its API (deployment.evaluations): its name and id, the
+    # adapter called, the versions that served it and their traffic, progress, the error.
+    endpoint = models.JSONField(default=dict, blank=True)
     dataset_version = models.ForeignKey(
         DatasetVersion, on_delete=models.CASCADE, related_name="model_evaluations"
     )
@@ -389,4 +401,12 @@ class ModelEvaluation(Created):
         verbose_name = _("model evaluation")
 
     def __str__(self) -> str:
-        return f"{self.model_version} @ {self.dataset_version}"
+        return f"{self.scored} @ {self.dataset_version}"
+
+    @property
+    def scored(self) -> str:
+        """What was scored: the version, or the endpoint (and adapter) called."""
+        if self.endpoint.get("name"):
+            adapter = self.endpoint.get("adapter")
+            return self.endpoint["name"] + (f"/{adapter}" if adapter else "")
+        return str(self.model_version)

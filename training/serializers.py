@@ -377,6 +377,8 @@ class ModelEvaluationSerializer(serializers.ModelSerializer):
             "dataset_version",
             "evaluation_set",
             "job",
+            "status",
+            "endpoint",
             "metrics",
             "subjects",
             "mistakes",

@@ -1,7 +1,8 @@
 """Issue #22's story in the browser: two LoRA versions of one imported base, each evaluated on
 an evaluation set from its model page by the real train worker, ranked on the set's
 leaderboard (and its CSV); the first deployed, the second added as its adapter on the endpoint
-page, a key made there, and both called by name through the ``openai`` client."""
+page, a key made there, both called by name through the ``openai`` client, and the adapter
+evaluated as the endpoint serves it, ranked beside the versions."""
 
 import time
 
@@ -76,6 +77,7 @@ def test_evaluate_two_lora_versions_rank_them_and_serve_both_from_one_revision(
     # The first version deployed; the second served beside it as its adapter.
     page.goto(f"/t/{team.slug}/models/{versions['sums'].pk}/")
     deploy(page, "family", "/v1/chat/completions")
+    endpoint_page = page.url
     adapters = page.get_by_test_id("adapter-form")
     adapters.locator("#id_name").fill("prefs")
     adapters.locator("#id_model_version").select_option(str(versions["prefs"].pk))
@@ -99,3 +101,21 @@ def test_evaluate_two_lora_versions_rank_them_and_serve_both_from_one_revision(
             model=model, messages=conversation("3加4等于几？"), max_tokens=4, temperature=0
         )
         assert answer.model == model and answer.usage.prompt_tokens > 0
+
+    # The adapter as applications call it, evaluated from the endpoint page through its API,
+    # and ranked on the set's leaderboard beside the two versions' own evaluations.
+    page.goto(endpoint_page)
+    form = page.get_by_test_id("endpoint-evaluate-form")
+    form.locator("#id_evaluation_set").select_option(str(exam.pk))
+    form.locator("#id_adapter").select_option("prefs")
+    form.locator("#id_max_new_tokens").fill("8")
+    form.get_by_test_id("endpoint-evaluate").click()
+    status = page.get_by_test_id("evaluation-status")
+    expect(status).to_have_attribute("data-status", "done", timeout=60_000)  # refreshes itself
+    expect(page.get_by_test_id("evaluated-endpoint")).to_contain_text("family/prefs")
+    expect(page.get_by_test_id("evaluation-metrics")).to_contain_text("accuracy_generation")
+    page.get_by_role("link", name="排行榜").click()
+    board = page.get_by_test_id("leaderboard")
+    expect(board.locator("tbody tr")).to_have_count(3)
+    expect(board.locator("tr[data-endpoint='family/prefs']")).to_be_visible()
+    shot(page, "leaderboard-with-endpoint")

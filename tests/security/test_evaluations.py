@@ -132,3 +132,74 @@ def test_another_teams_endpoint_never_judges_and_its_evaluations_are_not_judged(
     assert client.post(url, {"endpoint": evil_judge.pk, "rubric": "x"}).status_code == 404
     victims.refresh_from_db()
     assert victims.judge == {}
+
+
+@pytest.mark.django_db
+def test_another_teams_endpoint_or_set_is_never_evaluated_and_a_viewer_evaluates_nothing(
+    client, owner, team, make_user, make_team, model_version
+):
+    from console.models import Membership
+    from console.roles import Role
+    from deployment.evaluations import endpoint_evaluation_start
+    from deployment.rollout import endpoint_deploy
+
+    victims_set = make_version(
+        dataset_create(actor=owner, team=team, name="内部考试", task_kind="evaluation"),
+        owner,
+        QUESTIONS,
+    )
+    victims_endpoint = endpoint_deploy(
+        actor=owner, team=team, model_version=model_version("instruction", name="secret")
+    )
+    mallory = make_user("mallory")
+    evil = make_team("Evil", {mallory: Role.OWNER})
+    own_set = make_version(
+        dataset_create(actor=mallory, team=evil, name="exam", task_kind="evaluation"),
+        mallory,
+        QUESTIONS,
+    )
+    own_model = model_version("instruction", name="own")
+    own_model.team = evil
+    own_model.save()
+    own_endpoint = endpoint_deploy(actor=mallory, team=evil, model_version=own_model)
+
+    # The victim's questions asked of her endpoint would leak them, and the victim's endpoint
+    # would answer hers on the victim's traffic and keys.
+    with pytest.raises(ValidationError, match="another team"):
+        endpoint_evaluation_start(
+            actor=mallory, team=evil, endpoint=own_endpoint, dataset_version=victims_set
+        )
+    client.force_login(mallory)
+    t = evil.slug
+    api = "deployment:api_endpoint_evaluations"
+    for endpoint, exam in ((own_endpoint, victims_set), (victims_endpoint, own_set)):
+        r = client.post(
+            reverse(api, args=[t, endpoint.pk]),
+            {"evaluation_set": exam.pk},
+            content_type="application/json",
+        )
+        assert r.status_code == 404
+    assert client.get(reverse(api, args=[t, victims_endpoint.pk])).status_code == 404
+    r = client.post(
+        reverse("deployment:endpoint_evaluate", args=[t, victims_endpoint.pk]),
+        {"evaluation_set": own_set.pk, "max_new_tokens": 8},
+    )
+    assert r.status_code == 404
+    # The console's form offers her own sets only; the victim's id is refused.
+    client.post(
+        reverse("deployment:endpoint_evaluate", args=[t, own_endpoint.pk]),
+        {"evaluation_set": victims_set.pk, "max_new_tokens": 8},
+    )
+    page = client.get(reverse("deployment:endpoint", args=[t, own_endpoint.pk])).content
+    assert "内部考试".encode() not in page
+    # A viewer of the victim's team reads, never evaluates.
+    viewer = make_user("victor")
+    Membership.objects.create(team=team, user=viewer, role=Role.VIEWER)
+    client.force_login(viewer)
+    r = client.post(
+        reverse(api, args=[team.slug, victims_endpoint.pk]),
+        {"evaluation_set": victims_set.pk},
+        content_type="application/json",
+    )
+    assert r.status_code == 403
+    assert not ModelEvaluation.objects.exists()

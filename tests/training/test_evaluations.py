@@ -80,7 +80,7 @@ def test_two_versions_are_evaluated_and_ranked_on_the_sets_leaderboard(
         + "?format=csv"
     )
     table = list(csv.reader(io.StringIO(b"".join(exported).decode("utf-8-sig"))))
-    assert table[0][:3] == ["rank", "model_version", "evaluated_at"]
+    assert table[0][:4] == ["rank", "model_version", "endpoint", "evaluated_at"]
     assert "accuracy_loglik" in table[0] and "加法" in table[0]
     assert [row[1] for row in table[1:]] == [str(e.model_version) for e in order]
 
