@@ -118,13 +118,13 @@ def train_lora_export(workdir: Path, base: Path, kind: str, rows: list[dict]) ->
 
 @pytest.fixture(scope="session")
 def lora_exports(django_db_setup, tmp_path_factory) -> dict[str, Path]:
-    """Two LoRA versions of one imported tiny LLaMA (paddle, its weights as the import leaves
-    them): "sums" (SFT on sums) and "prefs" (DPO on preference pairs)."""
-    from tests.helpers.models import MAKE_LLM, model_dir
+    """Two LoRA versions of one imported tiny Qwen2 (paddle, with Qwen2's chat template and
+    special tokens): "sums" (SFT on sums) and "prefs" (DPO on preference pairs)."""
+    from tests.helpers.models import chat_model_dir
     from tests.runtime.test_architectures import preferences
     from tests.runtime.test_llm_runner import sums
 
-    base = model_dir(MAKE_LLM, "tiny-llama-paddle-imported", "paddle", "safetensors")
+    base = chat_model_dir("qwen2", "paddle")
     return {
         "sums": train_lora_export(
             tmp_path_factory.mktemp("lora-sums"), base, "instruction", sums(40)

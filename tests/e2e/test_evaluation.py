@@ -1,4 +1,5 @@
-"""Issue #22's story in the browser: two LoRA versions of one imported base, each evaluated on
+"""Issue #22's story in the browser: a tiny Qwen2 and an ERNIE 4.5 imported as base models; two
+LoRA versions of the Qwen2 (fine-tuned by the job runner), each evaluated on
 an evaluation set from its model page by the real train worker, ranked on the set's
 leaderboard (and its CSV); the first deployed, the second added as its adapter on the endpoint
 page, a key made there, both called by name through the ``openai`` client, and the adapter
@@ -15,6 +16,7 @@ from deployment.reconcile import endpoints_reconcile
 from labeling.datasets import dataset_create
 from tests.helpers.browser import deploy, login, shot
 from tests.helpers.data import make_version
+from tests.helpers.models import chat_model_dir
 from tests.helpers.serving import conversation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -45,14 +47,26 @@ def test_evaluate_two_lora_versions_rank_them_and_serve_both_from_one_revision(
         engineer,
         QUESTIONS,
     )
+    login(page, "sun", "Sun-Pass-2026")
+    page.goto(f"/t/{team.slug}/base-models/")
+    for arch, backend in (("qwen2", "paddle"), ("ernie4_5", "torch")):
+        chat_model_dir(arch, backend)  # carried into the server's import directory
+        form = page.get_by_test_id("import-form")
+        form.locator("#id_name").fill(f"tiny-{arch}")
+        form.locator("#id_backend").select_option(backend)
+        form.locator("#id_path").fill(f"tiny-{arch}-{backend}")
+        form.locator("button[type=submit]").click()
+        row = page.get_by_test_id("base-models").locator("tr", has_text=f"tiny-{arch}")
+        expect(row).to_contain_text(arch)
+        expect(row.get_by_test_id("tested-with")).to_be_visible()
     versions = {}
     for name, kind in (("sums", "instruction"), ("prefs", "preference")):
-        v = model_version(kind, name=name, export=lora_exports[name], base="tiny")
+        # The fixture's versions are LoRA fine-tunings of that Qwen2 (tests/deployment).
+        v = model_version(kind, name=name, export=lora_exports[name], base="tiny-qwen2")
         v.team, v.created_by = team, engineer
         v.save()
         versions[name] = v
 
-    login(page, "sun", "Sun-Pass-2026")
     for v in versions.values():
         page.goto(f"/t/{team.slug}/models/{v.pk}/")
         form = page.get_by_test_id("evaluate-form")

@@ -83,6 +83,30 @@ def model_dir(script: str, name: str, *args: str, env: dict | None = None) -> Pa
     return target
 
 
+def chat_model_dir(arch: str, backend: str) -> Path:
+    """A tiny chat model of ``arch`` (Qwen2, ERNIE 4.5, GLM-4…) in ``backend``'s layout, with
+    its chat models' tokenizer files and template (tests/runtime/test_architectures.py), under
+    the server's import directory as ``tiny-<arch>-<backend>``."""
+    import json
+
+    from django.conf import settings
+
+    from tests.runtime.test_architectures import CHAT, CLASSES, CONVERSATIONS, MAKE
+
+    target = settings.MODEL_IMPORT_DIR / f"tiny-{arch}-{backend}"
+    if not target.exists():
+        in_runtime(
+            MAKE,
+            CLASSES[arch],
+            backend,
+            str(target),
+            json.dumps(CHAT[arch], ensure_ascii=False),
+            json.dumps(CONVERSATIONS, ensure_ascii=False),
+            env={"USE_TORCH": "0"} if backend == "paddle" else None,
+        )
+    return target
+
+
 def stored_model(team, owner, tmp_path: Path, **fields):
     """A model version with real files in storage (a made-up export), as a job leaves one."""
     from runtime.inference import write_manifest

@@ -303,26 +303,15 @@ def test_qwen2_and_ernie_4_5_import_with_their_layouts_and_chat_templates(team, 
     models' tokenizer files and template (tests/runtime/test_architectures.py), import as base
     models: architecture, size and context from config.json, the template checked and kept and
     rendered as transformers renders it."""
-    from django.conf import settings
 
     from runtime.chat import ChatTokenizer
-    from tests.helpers.models import in_runtime
-    from tests.runtime.test_architectures import CHAT, CLASSES, CONVERSATIONS, MAKE
+    from tests.helpers.models import chat_model_dir
+    from tests.runtime.test_architectures import CHAT, CONVERSATIONS
     from training import storage
 
     for arch, backend in (("qwen2", "paddle"), ("qwen2", "torch"), ("ernie4_5", "torch")):
         path = f"tiny-{arch}-{backend}"
-        target = settings.MODEL_IMPORT_DIR / path
-        if not target.exists():
-            in_runtime(
-                MAKE,
-                CLASSES[arch],
-                backend,
-                str(target),
-                json.dumps(CHAT[arch], ensure_ascii=False),
-                json.dumps(CONVERSATIONS, ensure_ascii=False),
-                env={"USE_TORCH": "0"} if backend == "paddle" else None,
-            )
+        target = chat_model_dir(arch, backend)
         model = base_model_import(actor=owner, team=team, name=path, backend=backend, path=path)
         assert model.architecture == arch and model.summary["causal_lm"]
         assert model.summary["layers"] == 2 and model.summary["context_length"] == 512
