@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 
 from console.models import Team
 from console.services import audit_record
-from deployment.hosts import HostError, endpoint_chat_complete
+from deployment.hosts import CONCURRENT, HostError, endpoint_chat_complete
 from deployment.models import Endpoint, Revision
 from labeling.models import DatasetVersion
 from runtime import llm_eval
@@ -34,7 +34,6 @@ from training.models import ModelEvaluation, ModelVersion
 # Questions one run sends (each a request to the endpoint, on the default queue's worker):
 # a larger set is scored as a version, by an evaluate job on a train worker.
 MAX_QUESTIONS = 2000
-CONCURRENT = 4  # requests in flight: the endpoint batches them as it batches its callers'
 CHOICE_TOKENS = 8  # a multiple-choice answer's tokens, as an evaluate job writes them
 
 

@@ -146,6 +146,8 @@ def endpoint_predict(*, endpoint: Endpoint, inputs: list, top_k: int = 5) -> tup
 
 
 BUSY_RETRIES = 10
+# Requests the platform keeps in flight to one endpoint (a judge, an endpoint's evaluation).
+CONCURRENT = 4
 
 
 def _retry_after(answer: dict) -> float:

@@ -7,6 +7,7 @@ shows. Queued on Celery's default queue (``tasks.judge_model_evaluation``)."""
 import json
 import re
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
@@ -17,7 +18,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.services import audit_record
-from deployment.hosts import HostError, endpoint_chat_complete
+from deployment.hosts import CONCURRENT, HostError, endpoint_chat_complete
 from deployment.models import Endpoint
 from runtime.kinds import GENERATIVE_KINDS
 from training.evaluations import MAX_EVALUATION_BYTES
@@ -125,16 +126,22 @@ def judge_run(evaluation_id: int) -> dict:
             raise HostError(_("The judge's endpoint was deleted."))
         with default_storage.open(evaluation.items_file, "rb") as f:
             items = json.loads(f.read(MAX_EVALUATION_BYTES + 1))
-        judged = []
-        for item in [x for x in items if x.get("type") == "open"][:MAX_JUDGED]:
-            reply = endpoint_chat_complete(
+        open_ = [x for x in items if x.get("type") == "open"][:MAX_JUDGED]
+
+        def ask(item: dict) -> str:
+            return endpoint_chat_complete(
                 endpoint=endpoint,
                 messages=[{"role": "user", "content": _prompt(judge["rubric"], item)}],
                 max_tokens=JUDGE_MAX_TOKENS,
             )
-            score, reason = judgement(reply)
-            row = item.get("row")
-            judged.append({"row": row, "score": score, "reason": reason, "reply": reply})
+
+        judged = []
+        # A few at a time, as the endpoint's callers do: it batches them.
+        with ThreadPoolExecutor(CONCURRENT) as pool:
+            for item, reply in zip(open_, pool.map(ask, open_), strict=True):
+                score, reason = judgement(reply)
+                row = item.get("row")
+                judged.append({"row": row, "score": score, "reason": reason, "reply": reply})
     except (HostError, OSError, ValueError) as exc:
         judge.update(status="failed", error=str(exc)[:2000])
         _save(evaluation, judge)

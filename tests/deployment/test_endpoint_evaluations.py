@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.urls import reverse
+from django.utils import translation
 
 from deployment.evaluations import endpoint_evaluation_run, endpoint_evaluation_start
 from deployment.hosts import endpoint_chat_complete
@@ -39,7 +40,7 @@ def exam(team, owner):
 
 @pytest.mark.django_db
 def test_a_deployed_chat_model_is_scored_through_its_api_and_ranked(
-    fresh_host, owner, team, model_version, exam, client
+    fresh_host, owner, team, model_version, exam, client, english
 ):
     from deployment.rollout import endpoint_deploy
 
@@ -106,13 +107,14 @@ def test_a_deployed_chat_model_is_scored_through_its_api_and_ranked(
     ).json()
     assert listed["count"] == 2
     endpoint.delete()
-    failed = endpoint_evaluation_run(api.json()["id"])
+    with translation.override("en"):  # the client's requests ran in Chinese
+        failed = endpoint_evaluation_run(api.json()["id"])
     assert failed.status == "failed" and "deleted" in failed.endpoint["error"]
     assert len(leaderboard(exam)["rows"]) == 2  # a failed evaluation is not ranked
 
 
 @pytest.mark.django_db
-def test_what_an_endpoint_evaluation_refuses(owner, team, exam, model_version):
+def test_what_an_endpoint_evaluation_refuses(owner, team, exam, model_version, english):
     from deployment.models import Endpoint
     from deployment.rollout import endpoint_deploy
 
