@@ -139,8 +139,10 @@ def _update(evaluation: ModelEvaluation, **fields) -> None:
 def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
     """Score the endpoint (the task's body): every question asked, scored, the figures kept.
     The endpoint unreachable or deleted fails the evaluation with the reason."""
+    # Running: its worker died mid-run and the task came back (it is acknowledged late).
     evaluation = ModelEvaluation.objects.filter(
-        pk=evaluation_id, status=ModelEvaluation.Status.QUEUED
+        pk=evaluation_id,
+        status__in=[ModelEvaluation.Status.QUEUED, ModelEvaluation.Status.RUNNING],
     ).first()
     if evaluation is None:
         return None

@@ -36,6 +36,7 @@ def judge_model_evaluation(evaluation_id: int) -> dict:
     return judge.judge_run(evaluation_id)
 
 
-@shared_task(ignore_result=True)
+# Acknowledged late: a worker killed mid-run gives the task back, and the run starts again.
+@shared_task(ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def evaluate_endpoint(evaluation_id: int) -> None:
     evaluations.endpoint_evaluation_run(evaluation_id)

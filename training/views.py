@@ -7,7 +7,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
@@ -39,7 +39,7 @@ from training.evaluations import evaluation_submit, leaderboard_table
 from training.evaluations import leaderboard as evaluations_leaderboard
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
 from training.jobs import training_job_cancel, training_job_retry, training_job_submit
-from training.models import ModelVersion, TrainingJob
+from training.models import ModelEvaluation, ModelVersion, TrainingJob
 from training.registry import model_version_delete, model_version_import, model_version_targets
 from training.sweeps import param_importances, sweep_create, sweep_trials
 from training.sweeps import sweep_cancel as sweep_cancel_service
@@ -325,7 +325,11 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
 def evaluation_sets(request: HttpRequest) -> HttpResponse:
     """The team's evaluation sets, each with how many model versions were scored on it."""
     sets = selectors.team_evaluation_sets(request.team).annotate(
-        scored=Count("model_evaluations__model_version", distinct=True)
+        scored=Count(
+            "model_evaluations__model_version",
+            distinct=True,
+            filter=Q(model_evaluations__status=ModelEvaluation.Status.DONE),
+        )
     )
     page, query = paginate(request, sets)
     return render(request, "training/evaluation_sets.html", {"page": page, "query": query})
