@@ -27,8 +27,8 @@ from deployment.hosts import CONCURRENT, HostError, endpoint_chat_complete
 from deployment.models import Endpoint, Revision
 from labeling.models import DatasetVersion
 from runtime import llm_eval
-from runtime.kinds import GENERATIVE_KINDS, TaskKind
-from training.evaluations import MAX_NEW_TOKENS, MISTAKES, wrong_answer
+from runtime.kinds import GENERATIVE_KINDS
+from training.evaluations import MISTAKES, evaluation_checks, wrong_answer
 from training.models import ModelEvaluation, ModelVersion
 
 # Questions one run sends (each a request to the endpoint, on the default queue's worker):
@@ -77,17 +77,12 @@ def endpoint_evaluation_start(
 
     if endpoint.team_id != team.pk or dataset_version.dataset.team_id != team.pk:
         raise ValidationError(_("That endpoint or evaluation set belongs to another team."))
-    if endpoint.task_kind not in GENERATIVE_KINDS:
-        raise ValidationError(
-            _("%(e)s is not a large model: only large models are scored on evaluation sets.")
-            % {"e": endpoint}
-        )
-    if dataset_version.dataset.task_kind != TaskKind.EVALUATION:
-        raise ValidationError(
-            _("%(d)s is not an evaluation set (task kind: evaluation).") % {"d": dataset_version}
-        )
-    if not dataset_version.row_count:
-        raise ValidationError(_("%(d)s has no questions.") % {"d": dataset_version})
+    evaluation_checks(
+        large=endpoint.task_kind in GENERATIVE_KINDS,
+        scored=endpoint,
+        dataset_version=dataset_version,
+        max_new_tokens=max_new_tokens,
+    )
     if dataset_version.row_count > MAX_QUESTIONS:
         raise ValidationError(
             _(
@@ -96,8 +91,6 @@ def endpoint_evaluation_start(
             )
             % {"d": dataset_version, "n": dataset_version.row_count, "max": MAX_QUESTIONS}
         )
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise ValidationError(_("New tokens must be between 1 and %(n)d.") % {"n": MAX_NEW_TOKENS})
     version, shares = _served(endpoint, adapter)
     evaluation = ModelEvaluation.objects.create(
         team=team,

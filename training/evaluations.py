@@ -37,14 +37,15 @@ RANKED_BY = ("accuracy_loglik", "accuracy_generation", "exact_match", "rouge_l",
 FIGURES = (*RANKED_BY, "judge_score")
 
 
-def evaluation_checks(team: Team, version: ModelVersion, dataset_version: DatasetVersion) -> None:
-    """Why ``version`` cannot be scored on ``dataset_version``, as a ValidationError."""
-    if version.team_id != team.pk or dataset_version.dataset.team_id != team.pk:
-        raise ValidationError(_("That model version or evaluation set belongs to another team."))
-    if version.runtime not in GENERATIVE_RUNTIMES:
+def evaluation_checks(
+    *, large: bool, scored: object, dataset_version: DatasetVersion, max_new_tokens: int
+) -> None:
+    """Why ``scored`` (a model version or an endpoint; ``large``: a causal LM) cannot be
+    scored on ``dataset_version`` with answers of ``max_new_tokens``, as a ValidationError."""
+    if not large:
         raise ValidationError(
             _("%(m)s is not a large model: only large models are scored on evaluation sets.")
-            % {"m": version}
+            % {"m": scored}
         )
     if dataset_version.dataset.task_kind != TaskKind.EVALUATION:
         raise ValidationError(
@@ -52,6 +53,8 @@ def evaluation_checks(team: Team, version: ModelVersion, dataset_version: Datase
         )
     if not dataset_version.row_count:
         raise ValidationError(_("%(d)s has no questions.") % {"d": dataset_version})
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValidationError(_("New tokens must be between 1 and %(n)d.") % {"n": MAX_NEW_TOKENS})
 
 
 @transaction.atomic
@@ -66,9 +69,14 @@ def evaluation_submit(
 ) -> TrainingJob:
     """Queue an evaluate job: ``model_version`` scored on every question of
     ``dataset_version``, answers of at most ``max_new_tokens``."""
-    evaluation_checks(team, model_version, dataset_version)
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise ValidationError(_("New tokens must be between 1 and %(n)d.") % {"n": MAX_NEW_TOKENS})
+    if model_version.team_id != team.pk or dataset_version.dataset.team_id != team.pk:
+        raise ValidationError(_("That model version or evaluation set belongs to another team."))
+    evaluation_checks(
+        large=model_version.runtime in GENERATIVE_RUNTIMES,
+        scored=model_version,
+        dataset_version=dataset_version,
+        max_new_tokens=max_new_tokens,
+    )
     if device_type not in profiles():
         raise ValidationError(_("Unknown device type %(d)s.") % {"d": device_type})
     hp = Hyperparameters(max_new_tokens=max_new_tokens, batch_size=8)
