@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 
 from console.models import Team
 from console.services import audit_record
-from deployment.hosts import CONCURRENT, HostError, endpoint_chat_complete
+from deployment.hosts import CONCURRENT, HostError, HostRefused, endpoint_chat_complete
 from deployment.models import Endpoint, Revision
 from labeling.models import DatasetVersion
 from runtime import llm_eval
@@ -131,7 +131,8 @@ def _update(evaluation: ModelEvaluation, **fields) -> None:
 
 def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
     """Score the endpoint (the task's body): every question asked, scored, the figures kept.
-    The endpoint unreachable or deleted fails the evaluation with the reason."""
+    A question the endpoint refuses (longer than its model's context…) is scored wrong and
+    keeps the reason; the endpoint unreachable or deleted fails the evaluation with it."""
     # Running: its worker died mid-run and the task came back (it is acknowledged late).
     evaluation = ModelEvaluation.objects.filter(
         pk=evaluation_id,
@@ -153,24 +154,31 @@ def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
             )
         info["total"] = len(rows)
 
-        def ask(row: dict) -> str:
+        def ask(row: dict) -> tuple[str, str]:
+            """The endpoint's answer, or none and why it refused this question."""
             choice = llm_eval.is_choice(row)
             prompt = llm_eval.choice_prompt(row) if choice else llm_eval.open_prompt(row)
-            return endpoint_chat_complete(
-                endpoint=endpoint,
-                messages=prompt,
-                max_tokens=CHOICE_TOKENS if choice else info["max_new_tokens"],
-                adapter=info["adapter"],
-            )
+            try:
+                return endpoint_chat_complete(
+                    endpoint=endpoint,
+                    messages=prompt,
+                    max_tokens=CHOICE_TOKENS if choice else info["max_new_tokens"],
+                    adapter=info["adapter"],
+                ), ""
+            except HostRefused as exc:  # scored as a wrong answer, with the reason
+                return "", str(exc)[:500]
 
         items = []
         with ThreadPoolExecutor(CONCURRENT) as pool:
-            for i, answer in enumerate(pool.map(ask, rows)):
+            for i, (answer, refused) in enumerate(pool.map(ask, rows)):
                 row = rows[i]
                 if llm_eval.is_choice(row):
                     items.append(llm_eval.choice_item(i, row, answer))
                 else:
                     items.append(llm_eval.open_item(i, row, answer))
+                if refused:
+                    items[-1]["error"] = refused
+                    info["refused"] = info.get("refused", 0) + 1
                 if (i + 1) % 20 == 0:
                     _update(evaluation, endpoint={**info, "done": i + 1})
     except (HostError, OSError, ValueError) as exc:
@@ -181,6 +189,10 @@ def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
         info["error"] = _("The evaluation stopped on an internal error; the log has it.")
         _update(evaluation, status=ModelEvaluation.Status.FAILED, endpoint=info)
         raise
+    if info.get("refused") == len(items):
+        info["error"] = _("The endpoint refused every question: %(e)s") % {"e": items[0]["error"]}
+        _update(evaluation, status=ModelEvaluation.Status.FAILED, endpoint=info)
+        return evaluation
     result = llm_eval.summarise(items)
     name = default_storage.save(
         f"evaluations/{uuid.uuid4().hex}.json",

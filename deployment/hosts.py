@@ -21,6 +21,11 @@ class HostError(Exception):
     """The host could not be reached or refused a call; the message says which and why."""
 
 
+class HostRefused(HostError):
+    """The endpoint refused that one request (400, 413, 422: a prompt past the model's
+    context…); other requests may still be answered."""
+
+
 def platform_key(endpoint: str) -> str:
     """The platform's own key to ``endpoint`` (the console's try-it box and playground,
     pre-annotation): derived from SERVING_SECRET, so it is stored nowhere; a host holds only its
@@ -185,7 +190,9 @@ def endpoint_chat_complete(
             continue
         if status != 200:
             message = answer.get("error", {}).get("message", "")
-            raise HostError(f"{endpoint.name} answered {status}: {message}")
+            # The request's own fault; an unknown model, a key refused, a busy host are not.
+            refused = HostRefused if status in (400, 413, 422) else HostError
+            raise refused(f"{endpoint.name} answered {status}: {message}")
         return answer["choices"][0]["message"]["content"]
     raise HostError("; ".join(errors) or _("No serving host is configured."))
 

@@ -95,6 +95,39 @@ def test_a_deployed_chat_model_is_scored_through_its_api_and_ranked(
     page = client.get(reverse("training:model_evaluation", args=[team.slug, evaluation.pk]))
     assert b'data-testid="evaluated-endpoint"' in page.content
 
+    # A question past the model's context (512) is refused by the endpoint: scored wrong with
+    # the reason, the others answered; a set of such questions only fails, saying why.
+    long = "很" * 600 + "好吗？"
+    mixed = make_version(
+        dataset_create(actor=owner, team=team, name="long", task_kind="evaluation"),
+        owner,
+        [["question", "references"], [long, "好。"], ["1加2等于几？", "等于3。"]],
+    )
+    done = endpoint_evaluation_start(
+        actor=owner, team=team, endpoint=endpoint, dataset_version=mixed, max_new_tokens=4
+    )
+    with translation.override("en"):
+        endpoint_evaluation_run(done.pk)
+    done.refresh_from_db()
+    assert done.status == "done" and done.endpoint["refused"] == 1
+    items = json.loads(default_storage.open(done.items_file).read())
+    refused = next(x for x in items if x["question"] == long)
+    assert "context" in refused["error"] and refused["generated"] == ""
+    assert all("error" not in x for x in items if x["question"] != long)
+    page = client.get(reverse("training:model_evaluation", args=[team.slug, done.pk]))
+    assert b'data-testid="refused"' in page.content
+    only_long = make_version(
+        dataset_create(actor=owner, team=team, name="only-long", task_kind="evaluation"),
+        owner,
+        [["question", "references"], [long, "好。"]],
+    )
+    failed = endpoint_evaluation_start(
+        actor=owner, team=team, endpoint=endpoint, dataset_version=only_long
+    )
+    with translation.override("en"):
+        failed = endpoint_evaluation_run(failed.pk)
+    assert failed.status == "failed" and "refused every question" in failed.endpoint["error"]
+
     # Through the API; then the endpoint deleted before its run: failed, saying why.
     api = client.post(
         reverse("deployment:api_endpoint_evaluations", args=[team.slug, endpoint.pk]),
@@ -105,12 +138,13 @@ def test_a_deployed_chat_model_is_scored_through_its_api_and_ranked(
     listed = client.get(
         reverse("deployment:api_endpoint_evaluations", args=[team.slug, endpoint.pk])
     ).json()
-    assert listed["count"] == 2
+    assert listed["count"] == 4
     endpoint.delete()
     with translation.override("en"):  # the client's requests ran in Chinese
         failed = endpoint_evaluation_run(api.json()["id"])
     assert failed.status == "failed" and "deleted" in failed.endpoint["error"]
     assert len(leaderboard(exam)["rows"]) == 2  # a failed evaluation is not ranked
+    assert len(leaderboard(only_long)["rows"]) == 0
 
 
 @pytest.mark.django_db
