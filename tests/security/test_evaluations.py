@@ -14,17 +14,31 @@ from training.models import ModelEvaluation, TrainingJob
 QUESTIONS = [["question", "A", "B", "C", "D", "answer"], ["1+1?", "1", "2", "3", "4", "B"]]
 
 
-@pytest.mark.django_db
-def test_another_teams_versions_sets_and_evaluations_are_404(
-    client, owner, team, make_user, make_team, model_version
-):
+def evaluation_set(actor, team, name: str, rows=QUESTIONS):
+    return make_version(
+        dataset_create(actor=actor, team=team, name=name, task_kind="evaluation"), actor, rows
+    )
+
+
+@pytest.fixture
+def attacker(make_user, make_team, model_version):
+    """Mallory, owner of a team of her own with a chat model of its own."""
     from console.roles import Role
 
-    victims_set = make_version(
-        dataset_create(actor=owner, team=team, name="内部考试", task_kind="evaluation"),
-        owner,
-        QUESTIONS,
-    )
+    mallory = make_user("mallory")
+    evil = make_team("Evil", {mallory: Role.OWNER})
+    own_model = model_version("instruction", name="own")
+    own_model.team = evil
+    own_model.save()
+    return mallory, evil, own_model
+
+
+@pytest.mark.django_db
+def test_another_teams_versions_sets_and_evaluations_are_404(
+    client, owner, team, attacker, model_version
+):
+    mallory, evil, own_model = attacker
+    victims_set = evaluation_set(owner, team, "内部考试")
     victims_model = model_version("instruction", name="secret")
     evaluation = ModelEvaluation.objects.create(
         team=team,
@@ -32,16 +46,7 @@ def test_another_teams_versions_sets_and_evaluations_are_404(
         dataset_version=victims_set,
         metrics={"accuracy_loglik": 0.9},
     )
-    mallory = make_user("mallory")
-    evil = make_team("Evil", {mallory: Role.OWNER})
-    own_set = make_version(
-        dataset_create(actor=mallory, team=evil, name="exam", task_kind="evaluation"),
-        mallory,
-        QUESTIONS,
-    )
-    own_model = model_version("instruction", name="own")
-    own_model.team = evil
-    own_model.save()
+    own_set = evaluation_set(mallory, evil, "exam")
 
     with pytest.raises(ValidationError, match="another team"):
         evaluation_submit(
@@ -83,11 +88,7 @@ def test_another_teams_versions_sets_and_evaluations_are_404(
 def test_an_evaluation_file_past_its_limit_is_refused_before_it_is_read(
     owner, team, model_version, tmp_path
 ):
-    exam = make_version(
-        dataset_create(actor=owner, team=team, name="exam", task_kind="evaluation"),
-        owner,
-        QUESTIONS,
-    )
+    exam = evaluation_set(owner, team, "exam")
     job = evaluation_submit(
         actor=owner, team=team, model_version=model_version("instruction"), dataset_version=exam
     )
@@ -100,28 +101,20 @@ def test_an_evaluation_file_past_its_limit_is_refused_before_it_is_read(
 
 @pytest.mark.django_db
 def test_another_teams_endpoint_never_judges_and_its_evaluations_are_not_judged(
-    client, owner, team, make_user, make_team, model_version
+    client, owner, team, attacker, model_version
 ):
-    from console.roles import Role
     from deployment.judge import judge_start
     from deployment.rollout import endpoint_deploy
 
-    exam = make_version(
-        dataset_create(actor=owner, team=team, name="exam", task_kind="evaluation"),
-        owner,
-        [["question", "references"], ["3加4等于几？", "等于7。"]],
-    )
+    mallory, evil, evil_model = attacker
+    open_question = [["question", "references"], ["3加4等于几？", "等于7。"]]
+    exam = evaluation_set(owner, team, "exam", open_question)
     victims = ModelEvaluation.objects.create(
         team=team,
         model_version=model_version("instruction", name="secret"),
         dataset_version=exam,
         metrics={"open_rows": 1},
     )
-    mallory = make_user("mallory")
-    evil = make_team("Evil", {mallory: Role.OWNER})
-    evil_model = model_version("instruction", name="evil-judge")
-    evil_model.team = evil
-    evil_model.save()
     evil_judge = endpoint_deploy(actor=mallory, team=evil, model_version=evil_model)
     # Another team's endpoint would read the victim's questions and answers.
     with pytest.raises(ValidationError, match="another team"):
@@ -136,31 +129,19 @@ def test_another_teams_endpoint_never_judges_and_its_evaluations_are_not_judged(
 
 @pytest.mark.django_db
 def test_another_teams_endpoint_or_set_is_never_evaluated_and_a_viewer_evaluates_nothing(
-    client, owner, team, make_user, make_team, model_version
+    client, owner, team, attacker, make_user, model_version
 ):
     from console.models import Membership
     from console.roles import Role
     from deployment.evaluations import endpoint_evaluation_start
     from deployment.rollout import endpoint_deploy
 
-    victims_set = make_version(
-        dataset_create(actor=owner, team=team, name="内部考试", task_kind="evaluation"),
-        owner,
-        QUESTIONS,
-    )
+    mallory, evil, own_model = attacker
+    victims_set = evaluation_set(owner, team, "内部考试")
     victims_endpoint = endpoint_deploy(
         actor=owner, team=team, model_version=model_version("instruction", name="secret")
     )
-    mallory = make_user("mallory")
-    evil = make_team("Evil", {mallory: Role.OWNER})
-    own_set = make_version(
-        dataset_create(actor=mallory, team=evil, name="exam", task_kind="evaluation"),
-        mallory,
-        QUESTIONS,
-    )
-    own_model = model_version("instruction", name="own")
-    own_model.team = evil
-    own_model.save()
+    own_set = evaluation_set(mallory, evil, "exam")
     own_endpoint = endpoint_deploy(actor=mallory, team=evil, model_version=own_model)
 
     # The victim's questions asked of her endpoint would leak them, and the victim's endpoint
