@@ -31,6 +31,13 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml platform/runtime-dist/pyproject.toml | $(PY)
+	@# python-ldap (django-auth-ldap's) has no wheel: it builds against OpenLDAP's headers.
+	@if [ ! -e /usr/include/ldap.h ] || [ ! -e /usr/include/sasl/sasl.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q libldap2-dev libsasl2-dev >/dev/null || \
+	    { apt-get update -q && apt-get install -y -q libldap2-dev libsasl2-dev; }; \
+	  else echo "install OpenLDAP's headers first: apt-get install libldap2-dev libsasl2-dev"; exit 1; fi; \
+	fi
 	$(PY) -m pip install --quiet -e .
 	# runtime/ and serving/ are a distribution of their own (with the backends' entry points),
 	# installed in both venvs: the apps import them.

@@ -10,7 +10,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from console.hardware import train_queues
-from runtime.env import env_bool, env_str
+from runtime.env import env_bool, env_float, env_str
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -49,6 +49,12 @@ app.conf.beat_schedule = {
         "schedule": 3600.0,
     },
 }
+# The directory's accounts read again (console/directory.py), where one is configured.
+if env_str("LDAP_SERVER_URI", "") and env_float("LDAP_SYNC_MINUTES", 15.0, min=0) > 0:
+    app.conf.beat_schedule["directory-sync"] = {
+        "task": "console.tasks.directory_sync",
+        "schedule": env_float("LDAP_SYNC_MINUTES", 15.0, min=0) * 60,
+    }
 app.autodiscover_tasks()
 
 

@@ -1,4 +1,5 @@
 from django.apps import apps
+from django.conf import settings
 from django.http import HttpRequest
 
 from console.selectors import teams_for_user
@@ -18,7 +19,8 @@ def nav_items() -> list[tuple[str, str]]:
 
 def console(request: HttpRequest) -> dict:
     if not getattr(request, "user", None) or not request.user.is_authenticated:
-        return {}
+        # The login page names the ways in.
+        return {"directory_login": bool(settings.LDAP_SERVER_URI)}
     return {
         "my_teams": teams_for_user(request.user),
         "current_team": getattr(request, "team", None),

@@ -45,6 +45,9 @@ class Membership(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     role = models.CharField(_("role"), max_length=20, choices=Role.choices)
+    # The directory group (DN) this membership is mapped from (console/directory.py): the
+    # directory keeps it, the console cannot change it. Empty: made in the console.
+    mapped_from = models.CharField(max_length=1000, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -55,6 +58,25 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.team} ({self.role})"
+
+
+class DirectoryAccount(models.Model):
+    """An account the enterprise's directory (LDAP) provides: its entry and display name, and
+    whether the directory's sync deactivated it (console/directory.py)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="directory_account"
+    )
+    dn = models.CharField(max_length=1000)
+    display_name = models.CharField(_("display name"), max_length=150, blank=True, default="")
+    synced_at = models.DateTimeField(default=timezone.now)
+    # Deactivated because the directory no longer has the person (disabled or removed): a
+    # later sync or login that finds them again activates the account again. An account that
+    # site staff deactivated stays so.
+    disabled_by_directory = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return self.dn
 
 
 TOKEN_PREFIX = "mp_"  # noqa: S105 - a marker, not a secret

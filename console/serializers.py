@@ -30,8 +30,9 @@ class MembershipSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Membership
-        fields = ["id", "username", "role", "created_at"]
-        read_only_fields = ["id", "username", "created_at"]
+        # mapped_from: the directory group that keeps this membership (console/directory.py).
+        fields = ["id", "username", "role", "mapped_from", "created_at"]
+        read_only_fields = ["id", "username", "mapped_from", "created_at"]
 
 
 class InviteSerializer(serializers.Serializer):

@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 from console import hardware
 from console.hardware import NodeDevice
 from console.middleware import client_ip
-from console.models import ApiToken, AuditEvent, Device, Membership, Node, Team
+from console.models import ApiToken, AuditEvent, Device, DirectoryAccount, Membership, Node, Team
 from console.roles import Role
 
 User = get_user_model()
@@ -117,6 +117,17 @@ def _ensure_an_owner_remains(membership: Membership) -> None:
         raise ValidationError(_("A team keeps at least one owner."))
 
 
+def _ensure_not_mapped(membership: Membership) -> None:
+    if membership.mapped_from:
+        raise ValidationError(
+            _(
+                "%(username)s is a member through the directory group %(group)s: change it "
+                "in the directory."
+            )
+            % {"username": membership.user.get_username(), "group": membership.mapped_from}
+        )
+
+
 @transaction.atomic
 def membership_change_role(
     *, actor: AbstractBaseUser, membership: Membership, role: str
@@ -124,6 +135,7 @@ def membership_change_role(
     if role not in Role.values:
         raise ValidationError(_("Unknown role “%(role)s”.") % {"role": role})
     membership = _lock_team(membership)
+    _ensure_not_mapped(membership)
     old = membership.role
     if role == old:
         return membership
@@ -144,6 +156,7 @@ def membership_change_role(
 @transaction.atomic
 def membership_remove(*, actor: AbstractBaseUser, membership: Membership) -> None:
     membership = _lock_team(membership)
+    _ensure_not_mapped(membership)
     _ensure_an_owner_remains(membership)
     audit_record(
         action="membership.remove",
@@ -226,17 +239,19 @@ def api_token_create(
 
 
 @transaction.atomic
-def api_token_revoke(*, actor: AbstractBaseUser, token: ApiToken, reason: str = "") -> ApiToken:
-    """Revoke a personal token: its owner, or site staff (any user's)."""
+def api_token_revoke(
+    *, actor: AbstractBaseUser | None, token: ApiToken, reason: str = ""
+) -> ApiToken:
+    """Revoke a personal token: its owner, site staff (any user's) or the platform (None)."""
     if token.revoke():
         data = {"reason": reason} if reason else {}
-        if token.user_id != actor.pk:
+        if actor is None or token.user_id != actor.pk:
             data["user"] = token.user.get_username()
         audit_record(action="token.revoke", actor=actor, target=token, data=data)
     return token
 
 
-def _tokens_revoke(actor: AbstractBaseUser, user: AbstractBaseUser, reason: str) -> int:
+def _tokens_revoke(actor: AbstractBaseUser | None, user: AbstractBaseUser, reason: str) -> int:
     """Revoke every active personal token of ``user`` (endpoint keys belong to endpoints, not
     to users, and stay). Returns how many."""
     tokens = list(ApiToken.objects.filter(user=user, revoked_at__isnull=True))
@@ -292,6 +307,9 @@ def user_set_password(
     """Set an account's password: its owner changing it, or a site administrator resetting it.
     Its personal API tokens are revoked and its sessions end, but ``keep_session`` (the one
     the owner changed it from: the caller keeps it with update_session_auth_hash)."""
+    if DirectoryAccount.objects.filter(user=user).exists():
+        # A local password would be a second way in that the directory cannot end.
+        raise ValidationError(_("The directory keeps this account's password: change it there."))
     validate_password(password, user)
     user.set_password(password)
     user.save(update_fields=["password"])
@@ -306,10 +324,11 @@ def user_set_password(
 
 @transaction.atomic
 def user_set_active(
-    *, actor: AbstractBaseUser, user: AbstractBaseUser, active: bool
+    *, actor: AbstractBaseUser | None, user: AbstractBaseUser, active: bool, by: str = ""
 ) -> AbstractBaseUser:
-    """Deactivate an account (it can no longer log in, nor use its tokens) or activate it."""
-    if user.pk == actor.pk and not active:
+    """Deactivate an account (it can no longer log in, nor use its tokens) or activate it.
+    ``actor`` None: the platform itself did, ``by`` says what (the directory's sync)."""
+    if actor is not None and user.pk == actor.pk and not active:
         raise ValidationError(_("You cannot deactivate your own account."))
     user.is_active = active
     user.save(update_fields=["is_active"])
@@ -320,7 +339,11 @@ def user_set_active(
         data["sessions"] = _sessions_end(user)
         _access_revoked(user, None)
     audit_record(
-        action="user.activate" if active else "user.deactivate", actor=actor, target=user, data=data
+        action="user.activate" if active else "user.deactivate",
+        actor=actor,
+        actor_username=by,
+        target=user,
+        data=data,
     )
     return user
 

@@ -159,6 +159,9 @@ AUTH_PASSWORD_VALIDATORS = [
 # LOGIN_LOCKOUT_MINUTES after the last failure; site staff can unlock it on the Accounts page.
 AUTHENTICATION_BACKENDS = [
     "console.lockout.LockoutBackend",
+    # The directory first, when LDAP_SERVER_URI is set; local accounts (break-glass site
+    # staff) after it. A directory entry never logs in as a local account of its name.
+    "console.directory.DirectoryBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, min=1)
@@ -173,6 +176,40 @@ AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 # Logins are in the platform's own audit log already.
 AXES_DISABLE_ACCESS_LOG = True
 AXES_VERBOSE = False
+
+# Login with the enterprise's directory (console/directory.py, django-auth-ldap): off while
+# LDAP_SERVER_URI is empty. ldap://host (StartTLS with LDAP_START_TLS) or ldaps://host; the
+# server's certificate is checked against LDAP_CA_FILE (else the system's CAs).
+# Search-then-bind (LDAP_USER_SEARCH_BASE and LDAP_USER_FILTER, as LDAP_BIND_DN) or a direct
+# bind (LDAP_USER_DN_TEMPLATE). Disabled people must not match LDAP_USER_FILTER (Active
+# Directory: add (!(userAccountControl:1.2.840.113556.1.4.803:=2))).
+LDAP_SERVER_URI = env_str("LDAP_SERVER_URI", "")
+LDAP_START_TLS = env_bool("LDAP_START_TLS", False)
+LDAP_BIND_DN = env_str("LDAP_BIND_DN", "")
+LDAP_BIND_PASSWORD = env_str("LDAP_BIND_PASSWORD", "")
+LDAP_CA_FILE = env_str("LDAP_CA_FILE", "")
+LDAP_USER_SEARCH_BASE = env_str("LDAP_USER_SEARCH_BASE", "")
+LDAP_USER_FILTER = env_str("LDAP_USER_FILTER", "(uid=%(user)s)")
+LDAP_USER_DN_TEMPLATE = env_str("LDAP_USER_DN_TEMPLATE", "")
+# Groups: where they are and their kind (groupOfNames, groupOfUniqueNames, posixGroup,
+# activeDirectory; nested-groupOfNames and nested-activeDirectory follow groups in groups).
+LDAP_GROUP_SEARCH_BASE = env_str("LDAP_GROUP_SEARCH_BASE", "")
+LDAP_GROUP_TYPE = env_str("LDAP_GROUP_TYPE", "nested-groupOfNames")
+# Directory groups → teams and roles, JSON: {"cn=nlp-engineers,ou=groups,dc=example,dc=com":
+# "nlp:maintainer"}; members of LDAP_STAFF_GROUP are site staff.
+LDAP_TEAM_MAP = env_str("LDAP_TEAM_MAP", "{}")
+LDAP_STAFF_GROUP = env_str("LDAP_STAFF_GROUP", "")
+# The directory's attributes copied to the account at every login and sync.
+LDAP_USER_ATTR_MAP = {
+    "first_name": env_str("LDAP_ATTR_FIRST_NAME", "givenName"),
+    "last_name": env_str("LDAP_ATTR_LAST_NAME", "sn"),
+    "email": env_str("LDAP_ATTR_EMAIL", "mail"),
+}
+LDAP_ATTR_DISPLAY_NAME = env_str("LDAP_ATTR_DISPLAY_NAME", "displayName")
+# Every LDAP_SYNC_MINUTES the directory is read again for each account it provides: disabled
+# or removed people are deactivated, group changes applied (0: no sync).
+LDAP_SYNC_MINUTES = env_float("LDAP_SYNC_MINUTES", 15.0, min=0)
+
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:home"
 LOGOUT_REDIRECT_URL = "console:login"

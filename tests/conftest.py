@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import time
@@ -140,3 +141,46 @@ def pytest_report_header(config) -> list[str]:
         f"database: {db['ENGINE']} {db.get('HOST') or db['NAME']}",
         f"redis: {settings.REDIS_URL}",
     ]
+
+
+@pytest.fixture(scope="session")
+def ldap_server():
+    """One real OpenLDAP server for the session (tests/helpers/ldap.py)."""
+    from tests.helpers.ldap import SLAPD, Directory
+
+    if not Path(SLAPD).exists():
+        message = f"directory tests need slapd at {SLAPD} (apt-get install slapd)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server = Directory().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def directory(ldap_server, settings, db):
+    """The platform configured for the test directory: search-then-bind as the platform's
+    reader account, StartTLS against the server's own certificate, nested groups, disabled
+    people filtered out, its groups mapped to the team ``nlp``."""
+    from tests.helpers import ldap as d
+
+    settings.LDAP_SERVER_URI = ldap_server.url
+    settings.LDAP_START_TLS = True
+    settings.LDAP_CA_FILE = str(ldap_server.ca_file)
+    settings.LDAP_BIND_DN = d.READER_DN
+    settings.LDAP_BIND_PASSWORD = d.READER_PASSWORD
+    settings.LDAP_USER_SEARCH_BASE = d.PEOPLE
+    settings.LDAP_USER_FILTER = "(&(uid=%(user)s)(!(employeeType=disabled)))"
+    settings.LDAP_USER_DN_TEMPLATE = ""
+    settings.LDAP_GROUP_SEARCH_BASE = d.GROUPS
+    settings.LDAP_GROUP_TYPE = "nested-groupOfNames"
+    settings.LDAP_STAFF_GROUP = f"cn=platform-admins,{d.GROUPS}"
+    settings.LDAP_TEAM_MAP = json.dumps(
+        {
+            f"cn=nlp-engineers,{d.GROUPS}": "nlp:maintainer",
+            f"cn=nlp-leads,{d.GROUPS}": "nlp:owner",
+            f"cn=annotators,{d.GROUPS}": "nlp:annotator",
+        }
+    )
+    return ldap_server
