@@ -109,3 +109,21 @@ def test_switching_teams_and_a_viewer_sees_no_write_controls(page: Page, make_us
     page.get_by_role("navigation").get_by_role("link", name="成员").click()
     expect(page.get_by_role("button", name="邀请", exact=True)).to_have_count(0)
     expect(page.get_by_role("link", name="审计日志")).to_have_count(0)
+
+
+def test_a_directory_person_logs_in_and_finds_their_mapped_team(page: Page, directory):
+    """The real OpenLDAP server (tests/helpers/ldap.py): 李娜 leads NLP in the directory."""
+    from tests.helpers.ldap import PASSWORD
+
+    page.goto("/login/")
+    expect(page.get_by_test_id("login-methods")).to_contain_text("企业目录（LDAP）")
+    login(page, "lina", "wrong-password")
+    expect(page.get_by_text("用户名或密码错误")).to_be_visible()
+    login(page, "lina", PASSWORD)
+    expect(page.get_by_role("heading", name="nlp")).to_be_visible()
+    page.get_by_role("navigation").get_by_role("link", name="成员").click()
+    row = page.locator('tr[data-member="lina"]')
+    expect(row.get_by_test_id("mapped")).to_contain_text("cn=nlp-leads")
+    expect(row.locator("select")).to_have_count(0)
+    shot(page, "directory-members")
+    assert Membership.objects.get(user__username="lina").mapped_from.startswith("cn=nlp-leads,")
