@@ -18,10 +18,8 @@ module the platform's.
 Every change is in the audit log, by "directory".
 """
 
-import json
 import logging
 from dataclasses import dataclass, field
-from functools import cache
 
 import ldap
 from django.conf import settings
@@ -35,45 +33,24 @@ from django_auth_ldap import config
 from django_auth_ldap.backend import LDAPBackend, _LDAPUser, ldap_error
 from django_auth_ldap.config import LDAPSearch, LDAPSettings
 
-from console.models import DirectoryAccount, Membership, Team
-from console.roles import Role
-from console.services import audit_record, user_set_active
+from console.identity import memberships_apply, parse_team_map
+from console.models import ExternalAccount
+from console.services import user_set_active
 
 logger = logging.getLogger(__name__)
 
 # The audit log's actor for what the directory changes.
 ACTOR = "directory"
-# Stronger roles first: where two groups map a person into one team, the first wins.
-ROLE_ORDER = list(Role.values)
+LDAP = ExternalAccount.Source.LDAP
 
 
 def enabled() -> bool:
     return bool(settings.LDAP_SERVER_URI)
 
 
-@cache
-def _parse_team_map(text: str) -> dict[str, tuple[str, str]]:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ImproperlyConfigured(f"LDAP_TEAM_MAP is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ImproperlyConfigured('LDAP_TEAM_MAP must be an object: {"<group DN>": "team:role"}')
-    mapped = {}
-    for dn, target in raw.items():
-        slug, _sep, role = str(target).partition(":")
-        if not slug or role not in Role.values:
-            raise ImproperlyConfigured(
-                f"LDAP_TEAM_MAP[{dn!r}] = {target!r}: expected “<team slug>:<role>”, "
-                f"a role one of {', '.join(Role.values)}"
-            )
-        mapped[dn.strip().lower()] = (slug.strip(), role)
-    return mapped
-
-
 def team_map() -> dict[str, tuple[str, str]]:
     """``LDAP_TEAM_MAP``: group DN (lower case) → (team slug, role)."""
-    return _parse_team_map(settings.LDAP_TEAM_MAP)
+    return parse_team_map(settings.LDAP_TEAM_MAP, "LDAP_TEAM_MAP")
 
 
 def _group_type():
@@ -149,7 +126,7 @@ class DirectoryBackend(LDAPBackend):
 
     def get_or_build_user(self, username, ldap_user):
         user, built = super().get_or_build_user(username, ldap_user)
-        if not built and not DirectoryAccount.objects.filter(user=user).exists():
+        if not built and not ExternalAccount.objects.filter(user=user, source=LDAP).exists():
             # A local account (site staff's break-glass one, say) is never taken over by a
             # directory entry that happens to have its name.
             raise ldap_user.AuthenticationFailed(f"{username!r} is a local account")
@@ -169,92 +146,28 @@ class DirectoryBackend(LDAPBackend):
         return user
 
 
-@dataclass
-class Changes:
-    added: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-
-
 @transaction.atomic
 def directory_apply(user: AbstractBaseUser, ldap_user) -> AbstractBaseUser:
     """The account as the directory has it now: its entry and display name, active again if
     only the directory had deactivated it, and its mapped memberships."""
     attrs = ldap_user.attrs or {}
-    display = (attrs.get(settings.LDAP_ATTR_DISPLAY_NAME.lower()) or [""])[0][:150]
-    account, _created = DirectoryAccount.objects.update_or_create(
+    display = (attrs.get(settings.LDAP_ATTR_DISPLAY_NAME) or [""])[0][:150]
+    account, _created = ExternalAccount.objects.update_or_create(
         user=user,
-        defaults={"dn": ldap_user.dn, "display_name": display, "synced_at": timezone.now()},
+        defaults={
+            "source": LDAP,
+            "subject": ldap_user.dn,
+            "display_name": display,
+            "synced_at": timezone.now(),
+        },
     )
     if account.disabled_by_directory and not user.is_active:
         user_set_active(actor=None, user=user, active=True, by=ACTOR)
         account.disabled_by_directory = False
         account.save(update_fields=["disabled_by_directory"])
-    memberships_apply(user, ldap_user.group_dns if settings.LDAP_GROUP_SEARCH_BASE else set())
+    groups = ldap_user.group_dns if settings.LDAP_GROUP_SEARCH_BASE else set()
+    memberships_apply(user, groups, team_map(), by=ACTOR)
     return user
-
-
-def memberships_apply(user: AbstractBaseUser, group_dns) -> Changes:
-    """Make ``user``'s mapped memberships those that ``group_dns`` (the person's groups,
-    nested ones included) map to."""
-    from console.services import _access_revoked
-
-    wanted: dict[str, tuple[str, str]] = {}  # slug → (role, group DN)
-    mapping = team_map()
-    for dn in sorted(g.lower() for g in group_dns):
-        if dn in mapping:
-            slug, role = mapping[dn]
-            if slug not in wanted or ROLE_ORDER.index(role) < ROLE_ORDER.index(wanted[slug][0]):
-                wanted[slug] = (role, dn)
-    changes = Changes()
-    for m in Membership.objects.filter(user=user).select_related("team"):
-        if m.team.slug in wanted:
-            role, dn = wanted.pop(m.team.slug)
-            if (m.role, m.mapped_from) != (role, dn):
-                data = {"username": user.get_username(), "from": m.role, "to": role, "group": dn}
-                m.role, m.mapped_from = role, dn
-                m.save(update_fields=["role", "mapped_from"])
-                audit_record(
-                    action="membership.role_change",
-                    actor=None,
-                    actor_username=ACTOR,
-                    team=m.team,
-                    target=m,
-                    data=data,
-                )
-                changes.changed.append(m.team.slug)
-        elif m.mapped_from:
-            audit_record(
-                action="membership.remove",
-                actor=None,
-                actor_username=ACTOR,
-                team=m.team,
-                target=m,
-                data={"username": user.get_username(), "role": m.role, "group": m.mapped_from},
-            )
-            team = m.team
-            m.delete()
-            _access_revoked(user, team)
-            changes.removed.append(team.slug)
-    for slug, (role, dn) in wanted.items():
-        team = Team.objects.filter(slug=slug).first()
-        if team is None:
-            team = Team.objects.create(name=slug, slug=slug)
-            audit_record(
-                action="team.create", actor=None, actor_username=ACTOR, team=team, target=team,
-                data={"group": dn},
-            )  # fmt: skip
-        m = Membership.objects.create(team=team, user=user, role=role, mapped_from=dn)
-        audit_record(
-            action="membership.add",
-            actor=None,
-            actor_username=ACTOR,
-            team=team,
-            target=m,
-            data={"username": user.get_username(), "role": role, "group": dn},
-        )
-        changes.added.append(slug)
-    return changes
 
 
 @dataclass
@@ -280,7 +193,7 @@ def directory_sync() -> SyncResult:
 
     ldap_error.connect(on_error, weak=False, dispatch_uid="directory_sync")
     try:
-        accounts = DirectoryAccount.objects.select_related("user").order_by("pk")
+        accounts = ExternalAccount.objects.filter(source=LDAP).select_related("user")
         for account in accounts:
             user = account.user
             failed.clear()
@@ -302,11 +215,11 @@ def directory_sync() -> SyncResult:
 
 
 @transaction.atomic
-def _directory_disabled(account: DirectoryAccount) -> None:
+def _directory_disabled(account: ExternalAccount) -> None:
     """The directory no longer has this person: the account is deactivated (sessions, tokens
     and Label Studio access end) and loses its mapped teams."""
     user = get_user_model().objects.select_for_update().get(pk=account.user_id)
-    memberships_apply(user, set())
+    memberships_apply(user, set(), team_map(), by=ACTOR)
     user_set_active(actor=None, user=user, active=False, by=ACTOR)
     account.disabled_by_directory = True
     account.save(update_fields=["disabled_by_directory"])

@@ -45,8 +45,9 @@ class Membership(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     role = models.CharField(_("role"), max_length=20, choices=Role.choices)
-    # The directory group (DN) this membership is mapped from (console/directory.py): the
-    # directory keeps it, the console cannot change it. Empty: made in the console.
+    # The group this membership is mapped from (a directory group's DN, console/directory.py,
+    # or a single sign-on group, console/oidc.py): the identity system keeps it, the console
+    # cannot change it. Empty: made in the console.
     mapped_from = models.CharField(max_length=1000, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -60,14 +61,21 @@ class Membership(models.Model):
         return f"{self.user} @ {self.team} ({self.role})"
 
 
-class DirectoryAccount(models.Model):
-    """An account the enterprise's directory (LDAP) provides: its entry and display name, and
-    whether the directory's sync deactivated it (console/directory.py)."""
+class ExternalAccount(models.Model):
+    """An account that the enterprise's identity system provides: its directory (LDAP,
+    console/directory.py) or its single sign-on (OpenID Connect, console/oidc.py). Such an
+    account has no password here; it is found by its ``subject`` (the directory entry's DN,
+    or the provider's issuer and subject), never by its name."""
+
+    class Source(models.TextChoices):
+        LDAP = "ldap", _("directory")
+        OIDC = "oidc", _("single sign-on")
 
     user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="directory_account"
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="external_account"
     )
-    dn = models.CharField(max_length=1000)
+    source = models.CharField(max_length=10, choices=Source.choices)
+    subject = models.CharField(max_length=1000)
     display_name = models.CharField(_("display name"), max_length=150, blank=True, default="")
     synced_at = models.DateTimeField(default=timezone.now)
     # Deactivated because the directory no longer has the person (disabled or removed): a
@@ -75,8 +83,13 @@ class DirectoryAccount(models.Model):
     # site staff deactivated stays so.
     disabled_by_directory = models.BooleanField(default=False)
 
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "subject"], name="one_account_per_subject")
+        ]
+
     def __str__(self) -> str:
-        return self.dn
+        return f"{self.source}:{self.subject}"
 
 
 TOKEN_PREFIX = "mp_"  # noqa: S105 - a marker, not a secret

@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 from console import hardware
 from console.hardware import NodeDevice
 from console.middleware import client_ip
-from console.models import ApiToken, AuditEvent, Device, DirectoryAccount, Membership, Node, Team
+from console.models import ApiToken, AuditEvent, Device, ExternalAccount, Membership, Node, Team
 from console.roles import Role
 
 User = get_user_model()
@@ -307,9 +307,12 @@ def user_set_password(
     """Set an account's password: its owner changing it, or a site administrator resetting it.
     Its personal API tokens are revoked and its sessions end, but ``keep_session`` (the one
     the owner changed it from: the caller keeps it with update_session_auth_hash)."""
-    if DirectoryAccount.objects.filter(user=user).exists():
-        # A local password would be a second way in that the directory cannot end.
-        raise ValidationError(_("The directory keeps this account's password: change it there."))
+    if ExternalAccount.objects.filter(user=user).exists():
+        # A local password would be a second way in that the directory or the single sign-on
+        # cannot end.
+        raise ValidationError(
+            _("The enterprise's identity system keeps this account's password: change it there.")
+        )
     validate_password(password, user)
     user.set_password(password)
     user.save(update_fields=["password"])

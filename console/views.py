@@ -247,7 +247,7 @@ def users(request: HttpRequest) -> HttpResponse:
     return render_page(
         request,
         "console/users.html",
-        get_user_model().objects.select_related("directory_account").order_by("username"),
+        get_user_model().objects.select_related("external_account").order_by("username"),
         {"form": form, "lockouts": lockout.active_lockouts()},
         name="users",
     )

@@ -10,7 +10,7 @@ from django.utils import translation
 
 from console import services
 from console.directory import directory_sync
-from console.models import ApiToken, AuditEvent, DirectoryAccount, Membership
+from console.models import ApiToken, AuditEvent, ExternalAccount, Membership
 from console.roles import Role
 from tests.helpers.ldap import PASSWORD, PEOPLE, person
 
@@ -63,8 +63,8 @@ def test_a_directory_login_makes_the_account_with_its_names_and_mapped_team(clie
     user = User.objects.get(username="zhangwei")
     assert (user.first_name, user.last_name, user.email) == ("伟", "张", "zhangwei@example.com")
     assert not user.has_usable_password()  # the directory's password is never kept
-    account = DirectoryAccount.objects.get(user=user)
-    assert (account.dn, account.display_name) == (f"uid=zhangwei,{PEOPLE}", "张伟")
+    account = ExternalAccount.objects.get(user=user)
+    assert (account.subject, account.display_name) == (f"uid=zhangwei,{PEOPLE}", "张伟")
     assert memberships("zhangwei") == {"nlp": ("maintainer", "cn=nlp-engineers")}
     added = AuditEvent.objects.get(action="membership.add")
     assert (added.actor, added.actor_username) == (None, "directory")

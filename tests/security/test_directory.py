@@ -5,7 +5,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.test import RequestFactory
 from django.urls import reverse
 
-from console.models import DirectoryAccount, Membership
+from console.models import ExternalAccount, Membership
 from tests.helpers.ldap import PASSWORD
 
 User = get_user_model()
@@ -26,7 +26,7 @@ def test_a_directory_entry_never_logs_in_as_a_local_account_of_its_name(
     assert not login(client, "chenjing", PASSWORD)
     local.refresh_from_db()
     assert local.has_usable_password() and local.check_password("Local-pass-123")
-    assert not DirectoryAccount.objects.filter(user=local).exists()
+    assert not ExternalAccount.objects.filter(user=local).exists()
     assert login(client, "chenjing", "Local-pass-123")  # the local account still works
 
 
