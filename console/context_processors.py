@@ -20,7 +20,11 @@ def nav_items() -> list[tuple[str, str]]:
 def console(request: HttpRequest) -> dict:
     if not getattr(request, "user", None) or not request.user.is_authenticated:
         # The login page names the ways in.
-        return {"directory_login": bool(settings.LDAP_SERVER_URI)}
+        return {
+            "directory_login": bool(settings.LDAP_SERVER_URI),
+            "sso_login": bool(settings.OIDC_ISSUER),
+            "sso_name": settings.OIDC_PROVIDER_NAME,
+        }
     return {
         "my_teams": teams_for_user(request.user),
         "current_team": getattr(request, "team", None),

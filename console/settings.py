@@ -162,6 +162,8 @@ AUTHENTICATION_BACKENDS = [
     # The directory first, when LDAP_SERVER_URI is set; local accounts (break-glass site
     # staff) after it. A directory entry never logs in as a local account of its name.
     "console.directory.DirectoryBackend",
+    # Single sign-on's callback (OIDC_ISSUER); it answers nothing else.
+    "console.oidc.OIDCBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, min=1)
@@ -209,6 +211,26 @@ LDAP_ATTR_DISPLAY_NAME = env_str("LDAP_ATTR_DISPLAY_NAME", "displayName")
 # Every LDAP_SYNC_MINUTES the directory is read again for each account it provides: disabled
 # or removed people are deactivated, group changes applied (0: no sync).
 LDAP_SYNC_MINUTES = env_float("LDAP_SYNC_MINUTES", 15.0, min=0)
+
+# Single sign-on with OpenID Connect (console/oidc.py, mozilla-django-oidc): off while
+# OIDC_ISSUER is empty. The provider's endpoints come from its discovery document; the code
+# flow uses PKCE and a nonce, the ID token's signature (OIDC_SIGN_ALGO), issuer and audience are
+# checked. Register <platform>/oidc/callback/ as the redirect URI and <platform>/login/ as the
+# post-logout one. TLS to the provider is checked against OIDC_CA_FILE (else the system's CAs).
+OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
+OIDC_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
+OIDC_SCOPES = env_str("OIDC_SCOPES", "openid email profile groups")
+OIDC_SIGN_ALGO = env_str("OIDC_SIGN_ALGO", "RS256")
+OIDC_CA_FILE = env_str("OIDC_CA_FILE", "")
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+# The provider's groups → teams and roles, JSON: {"nlp-engineers": "nlp:maintainer"}, applied
+# at every login; members of OIDC_STAFF_GROUP are site staff.
+OIDC_TEAM_MAP = env_str("OIDC_TEAM_MAP", "{}")
+OIDC_STAFF_GROUP = env_str("OIDC_STAFF_GROUP", "")
+# The login page's button: "Log in with <OIDC_PROVIDER_NAME>" (e.g. 统一身份认证).
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "")
 
 LOGIN_URL = "console:login"
 LOGIN_REDIRECT_URL = "console:home"

@@ -9,7 +9,7 @@ from django.urls import include, path
 from django.views.i18n import set_language
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import api, views
+from console import api, oidc, views
 
 team_pages = [
     path("", views.dashboard, name="dashboard"),
@@ -28,7 +28,10 @@ console_pages = [
         ),
         name="login",
     ),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", views.Logout.as_view(), name="logout"),
+    # Single sign-on (console/oidc.py): to the provider and back.
+    path("oidc/authenticate/", oidc.OIDCLogin.as_view(), name="oidc_login"),
+    path("oidc/callback/", oidc.OIDCCallback.as_view(), name="oidc_callback"),
     path("health/", views.health_panel, name="health"),
     path("nodes/", views.nodes, name="nodes"),
     path("teams/new/", views.team_create, name="team_create"),

@@ -4,19 +4,21 @@ nodes."""
 import sys
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model, update_session_auth_hash
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import PasswordChangeForm, SetPasswordForm
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console import hardware, health, lockout, selectors, services
+from console import hardware, health, lockout, oidc, selectors, services
 from console.forms import (
     AuditFilterForm,
     InviteForm,
@@ -31,6 +33,21 @@ from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
 
 LAST_TEAM_SESSION_KEY = "last_team"
+
+
+class Logout(auth_views.LogoutView):
+    """Log out; a single sign-on session is ended at the provider too, which sends the person
+    back to the login page (so that the next login asks them again)."""
+
+    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        id_token = request.session.get("oidc_id_token")
+        response = super().post(request, *args, **kwargs)
+        if id_token and oidc.enabled():
+            back = request.build_absolute_uri(resolve_url(settings.LOGOUT_REDIRECT_URL))
+            url = oidc.end_session_url(id_token, back)
+            if url:
+                return redirect(url)
+        return response
 
 
 @login_required

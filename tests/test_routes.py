@@ -14,7 +14,15 @@ from console.roles import Role
 from tests.helpers.routes import Route, object_factories, routes
 
 # Routes anyone may call without logging in.
-PUBLIC = {"console:login", "console:logout", "set_language", "labeling:label_studio_webhook"}
+# The single sign-on's pages (console/oidc.py) exist only where it is configured (404 else).
+PUBLIC = {
+    "console:login",
+    "console:logout",
+    "console:oidc_login",
+    "console:oidc_callback",
+    "set_language",
+    "labeling:label_studio_webhook",
+}
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
 

@@ -1,6 +1,8 @@
 """A team admin's first session in the console, in a real browser."""
 
 import json
+import os
+import re
 import urllib.error
 import urllib.request
 
@@ -127,3 +129,35 @@ def test_a_directory_person_logs_in_and_finds_their_mapped_team(page: Page, dire
     expect(row.locator("select")).to_have_count(0)
     shot(page, "directory-members")
     assert Membership.objects.get(user__username="lina").mapped_from.startswith("cn=nlp-leads,")
+
+
+@pytest.fixture
+def live_sso(live_server, settings):
+    """A real OpenID provider with the live server registered as its client."""
+    from tests.conftest import configure_sso
+    from tests.helpers import oidc
+
+    if reason := oidc.missing():
+        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+    provider = oidc.Provider([live_server.url]).start()
+    configure_sso(settings, provider)
+    yield provider
+    provider.stop()
+
+
+def test_single_sign_on_in_and_out_through_the_provider(page: Page, live_sso):
+    page.goto("/login/")
+    page.get_by_test_id("sso-login").click()  # "使用 统一身份认证 登录"
+    page.locator('input[name="login"]').fill("sub-lina")  # the provider's own page
+    page.locator('input[name="password"]').fill("any")
+    page.locator('button[type="submit"]').click()
+    expect(page.get_by_role("heading", name="nlp")).to_be_visible()
+    shot(page, "sso-dashboard")
+    assert Membership.objects.get(user__username="lina").mapped_from == "nlp-leads"
+    page.get_by_role("button", name="退出").click()
+    expect(page).to_have_url(re.compile(f"^{re.escape(live_sso.issuer)}/session/end"))
+    page.locator('button[autofocus], button[type="submit"]').first.click()  # "Yes, sign me out"
+    expect(page).to_have_url(re.compile(r"/login/$"))
+    # The provider asks again: its session ended with the platform's.
+    page.get_by_test_id("sso-login").click()
+    expect(page.locator('input[name="login"]')).to_be_visible()

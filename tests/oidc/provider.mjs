@@ -1,13 +1,14 @@
 // A real OpenID provider for the login tests (the certified oidc-provider), configured from
 // the environment by tests/helpers/oidc.py: OIDC_PORT, OIDC_CLIENT (JSON: client_id,
-// client_secret, redirect_uris, post_logout_redirect_uris) and OIDC_ACCOUNTS (JSON: id →
-// claims). Its login page is the package's development one (any known account, no password):
-// the platform's side, not the provider's, is under test.
+// client_secret, redirect_uris, post_logout_redirect_uris) and OIDC_ACCOUNTS_FILE (JSON: id →
+// claims, read at each login). Its login page is the package's development one (any known
+// account, no password): the platform's side, not the provider's, is under test.
+import { readFileSync } from 'node:fs';
 import Provider from 'oidc-provider';
 
 const port = Number(process.env.OIDC_PORT);
 const client = JSON.parse(process.env.OIDC_CLIENT);
-const accounts = JSON.parse(process.env.OIDC_ACCOUNTS);
+const accounts = () => JSON.parse(readFileSync(process.env.OIDC_ACCOUNTS_FILE, 'utf8'));
 
 const provider = new Provider(`http://127.0.0.1:${port}`, {
   clients: [{
@@ -20,14 +21,17 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
   claims: {
     openid: ['sub'],
     email: ['email', 'email_verified'],
-    profile: ['name', 'preferred_username'],
+    profile: ['name', 'given_name', 'family_name', 'preferred_username'],
     groups: ['groups'],
   },
   features: { devInteractions: { enabled: true } },
   pkce: { required: () => true },
   async findAccount(ctx, id) {
-    if (!accounts[id]) return undefined;
-    return { accountId: id, async claims() { return { sub: id, email_verified: true, ...accounts[id] }; } };
+    if (!accounts()[id]) return undefined;
+    return {
+      accountId: id,
+      async claims() { return { sub: id, email_verified: true, ...accounts()[id] }; },
+    };
   },
   // The platform is a first-party client: consent is given without asking.
   async loadExistingGrant(ctx) {
