@@ -1,5 +1,6 @@
 """REST API of the platform core, under /api/v1/. Views are thin: services write, selectors read."""
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -8,15 +9,15 @@ from django.db import IntegrityError
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-from console import health, lockout, selectors, services
+from console import health, lockout, selectors, services, usage
 from console.forms import AuditFilterForm
-from console.models import ApiToken, Membership
+from console.models import ApiToken, Membership, Team
 from console.pagination import PaginatedList
 from console.permissions import StaffOnly, TeamPermission
 from console.roles import Perm
@@ -31,7 +32,9 @@ from console.serializers import (
     NewApiTokenSerializer,
     NodeSerializer,
     RoleSerializer,
+    TeamQuotasSerializer,
     TeamSerializer,
+    UsageQuerySerializer,
     UserSerializer,
 )
 
@@ -422,3 +425,97 @@ class LockoutList(APIView):
             address=request.query_params.get("address", ""),
         )
         return Response({"cleared": cleared})
+
+
+def _usage_figures(start, team) -> dict:
+    uses = usage.month_uses(start, team)
+    quotas = (team.device_hours_quota or {}) if team else {}
+    by_device = {d: h for (_t, d), h in usage.summary(uses, "team")} if team else {}
+    return {
+        "month": f"{start:%Y-%m}",
+        "device_hours": [
+            {"device_type": d, "hours": round(by_device.get(d, 0.0), 4), "quota": quotas.get(d)}
+            for d in sorted(set(by_device) | set(quotas))
+        ],
+        "by_user": [
+            {"username": u, "device_type": d, "hours": round(h, 4)}
+            for (_t, u, d), h in usage.summary(uses, "user")
+        ],
+        "by_job": [
+            {"job": j, "username": u, "device_type": d, "hours": round(h, 4)}
+            for (_t, j, u, d), h in usage.summary(uses, "job")
+        ],
+    }
+
+
+def _month_param(request: Request):
+    query = UsageQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    month = query.validated_data.get("month")
+    if not month:
+        return usage.month_start()
+    year, number = (int(x) for x in month.split("-"))
+    return usage.month_start(datetime.date(year, number, 1))
+
+
+class TeamUsage(TeamAPIView):
+    """The team's device-hours in a month (``?month=YYYY-MM``, default this one): by device
+    type against its quota, by user and by job; the same figures as the usage page."""
+
+    @extend_schema(parameters=[UsageQuerySerializer], responses={200: None, 400: None})
+    def get(self, request: Request, team: str) -> Response:
+        figures = _usage_figures(_month_param(request), request.team)
+        figures["jobs_at_once"] = usage.concurrency_limit(request.team)
+        return Response(figures)
+
+
+class Quotas(APIView):
+    """Site staff: every team's quotas and device-hours this month (GET), or set one team's
+    (POST)."""
+
+    permission_classes = [StaffOnly]
+
+    @extend_schema(parameters=[UsageQuerySerializer], responses={200: None, 400: None})
+    def get(self, request: Request) -> Response:
+        start = _month_param(request)
+        totals: dict[str, dict[str, float]] = {}
+        for (team_name, device), hours in usage.summary(usage.month_uses(start), "team"):
+            totals.setdefault(team_name, {})[device] = round(hours, 4)
+        return Response(
+            [
+                {
+                    "team": t.slug,
+                    "max_concurrent_jobs": t.max_concurrent_jobs,
+                    "device_hours_quota": t.device_hours_quota,
+                    "storage_quota_gb": t.storage_quota_gb,
+                    "month": f"{start:%Y-%m}",
+                    "device_hours": totals.get(t.name, {}),
+                }
+                for t in Team.objects.order_by("name")
+            ]
+        )
+
+    @extend_schema(request=TeamQuotasSerializer, responses=TeamQuotasSerializer)
+    def post(self, request: Request) -> Response:
+        body = TeamQuotasSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        team = Team.objects.filter(slug=data["team"]).first()
+        if team is None:
+            raise NotFound
+        team = service_call(
+            services.team_quotas_set,
+            actor=request.user,
+            team=team,
+            max_concurrent_jobs=data.get("max_concurrent_jobs", team.max_concurrent_jobs),
+            device_hours_quota=data.get("device_hours_quota", team.device_hours_quota),
+            storage_quota_gb=data.get("storage_quota_gb", team.storage_quota_gb),
+        )
+        return Response(
+            {
+                "team": team.slug,
+                "max_concurrent_jobs": team.max_concurrent_jobs,
+                "device_hours_quota": team.device_hours_quota,
+                "storage_quota_gb": team.storage_quota_gb,
+            }
+        )

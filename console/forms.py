@@ -78,3 +78,34 @@ class AuditFilterForm(forms.Form):
     until = forms.DateField(
         label=_("To"), required=False, widget=forms.DateInput(attrs={"type": "date"})
     )
+
+
+class QuotaForm(forms.Form):
+    """Site staff set one team's quotas (services.team_quotas_set): empty is the site's
+    default (jobs, storage) or no limit (device-hours of a device type)."""
+
+    team = forms.SlugField(widget=forms.HiddenInput)
+    max_concurrent_jobs = forms.IntegerField(
+        label=_("Jobs at once"), required=False, min_value=1, max_value=1000
+    )
+    storage_quota_gb = forms.FloatField(
+        label=_("Storage (GB)"), required=False, min_value=0, max_value=10**7
+    )
+
+    def __init__(self, *args, device_types: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.device_types = device_types
+        for device in device_types:
+            self.fields[f"hours_{device}"] = forms.FloatField(
+                label=_("%(device)s device-hours a month") % {"device": device},
+                required=False,
+                min_value=0,
+                max_value=100_000,
+            )
+
+    def device_hours(self) -> dict[str, float]:
+        return {
+            d: self.cleaned_data[f"hours_{d}"]
+            for d in self.device_types
+            if self.cleaned_data.get(f"hours_{d}") is not None
+        }

@@ -16,6 +16,11 @@ class Team(models.Model):
     slug = models.SlugField(_("slug"), max_length=60, unique=True)
     # The team's own storage quota in GB, set by site staff; empty: TEAM_STORAGE_QUOTA_GB.
     storage_quota_gb = models.FloatField(_("storage quota (GB)"), null=True, blank=True)
+    # Set by site staff (console/usage.py): jobs running at once (empty:
+    # TRAINING_TEAM_CONCURRENCY) and device-hours a calendar month per device type
+    # ({"gpu": 100}; a type not named is not limited).
+    max_concurrent_jobs = models.PositiveSmallIntegerField(_("jobs at once"), null=True, blank=True)
+    device_hours_quota = models.JSONField(_("device-hours a month"), default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -248,6 +253,10 @@ class Device(models.Model):
         Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     held_since = models.DateTimeField(null=True, blank=True)
+    # Who started what holds it (a job's creator): usage is accounted to them too.
+    holder_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["node__name", "device_type", "index"]
@@ -259,3 +268,31 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.device_type}:{self.index}"
+
+
+class DeviceUse(models.Model):
+    """Device time one holder used, recorded when it let its devices go (console/usage.py):
+    what usage accounting and the device-hour quotas add up."""
+
+    team = models.ForeignKey(Team, null=True, on_delete=models.SET_NULL, related_name="+")
+    team_name = models.CharField(max_length=100)  # kept for chargeback after a team is gone
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150, blank=True)
+    holder = models.CharField(max_length=100, db_index=True)  # e.g. training_job:42:1
+    label = models.CharField(max_length=200, blank=True)  # e.g. "#42 reviews"
+    device_type = models.CharField(max_length=20)
+    devices = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-ended_at"]
+
+    def __str__(self) -> str:
+        return f"{self.label} {self.devices}×{self.device_type}"
+
+    @property
+    def device_hours(self) -> float:
+        return self.devices * (self.ended_at - self.started_at).total_seconds() / 3600

@@ -149,3 +149,22 @@ class LockoutSerializer(serializers.Serializer):
     value = serializers.CharField()
     failures = serializers.IntegerField()
     until = serializers.DateTimeField()
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    month = serializers.RegexField(r"^2\d{3}-(0[1-9]|1[0-2])$", required=False)  # YYYY-MM
+
+
+class TeamQuotasSerializer(serializers.Serializer):
+    """A team's quotas, as site staff set them (null: the site's default, or no limit)."""
+
+    team = serializers.SlugField()
+    max_concurrent_jobs = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1000
+    )
+    device_hours_quota = serializers.DictField(
+        child=serializers.FloatField(min_value=0, max_value=100_000), required=False
+    )
+    storage_quota_gb = serializers.FloatField(
+        required=False, allow_null=True, min_value=0, max_value=10**7
+    )

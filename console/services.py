@@ -21,6 +21,7 @@ from console.hardware import NodeDevice
 from console.middleware import client_ip
 from console.models import ApiToken, AuditEvent, Device, ExternalAccount, Membership, Node, Team
 from console.roles import Role
+from console.usage import devices_free
 
 User = get_user_model()
 
@@ -419,7 +420,9 @@ def node_register(
             defaults={"name": d.name, "memory": d.memory},
         )
         keep.append(device.pk)
-    node.devices.exclude(pk__in=keep).delete()
+    gone = node.devices.exclude(pk__in=keep)
+    devices_free(gone)  # a device that disappears while held: its time so far is recorded
+    gone.delete()
     return node
 
 
@@ -462,9 +465,6 @@ def node_stop(name: str) -> None:
     Node.objects.filter(name=name).update(stopped_at=timezone.now())
 
 
-_FREE = {"holder": "", "holder_label": "", "holder_team": None, "held_since": None}
-
-
 @transaction.atomic
 def devices_acquire(
     *,
@@ -474,6 +474,7 @@ def devices_acquire(
     holder: str,
     label: str,
     team: Team,
+    user: AbstractBaseUser | None = None,
     nodes: int = 1,
     replaces: str = "",
 ) -> dict[str, list[Device]]:
@@ -484,7 +485,7 @@ def devices_acquire(
     (a prefix: the same job's earlier attempts) are released first. Returns the devices by
     node, the asking node first. Raises DevicesBusy with the reason."""
     if replaces:
-        Device.objects.filter(holder__startswith=replaces).update(**_FREE)
+        devices_free(Device.objects.filter(holder__startswith=replaces))
     here = Node.objects.filter(name=node_name).first()
     if here is None:
         raise DevicesBusy(
@@ -495,6 +496,7 @@ def devices_acquire(
         "holder": holder,
         "holder_label": label[:200],
         "holder_team": team,
+        "holder_user": user if user is not None and user.pk else None,
         "held_since": timezone.now(),
     }
     candidates = [here]
@@ -561,7 +563,7 @@ def _take(node: Node, device_type: str, count: int, held: dict) -> list[Device]:
 
 def devices_release(holder: str) -> int:
     """Whatever ``holder`` holds becomes free; returns how many devices."""
-    return Device.objects.filter(holder=holder).update(**_FREE)
+    return devices_free(Device.objects.filter(holder=holder))
 
 
 def devices_release_all_but(prefix: str, holders: set[str], older_than_s: float = 60) -> int:
@@ -570,4 +572,57 @@ def devices_release_all_but(prefix: str, holders: set[str], older_than_s: float 
     holder took since ``holders`` was read). Returns how many."""
     before = timezone.now() - timezone.timedelta(seconds=older_than_s)
     stale = Device.objects.filter(holder__startswith=prefix, held_since__lt=before)
-    return stale.exclude(holder__in=holders).update(**_FREE)
+    return devices_free(stale.exclude(holder__in=holders))
+
+
+# The most device-hours a month a quota may name (about 100 devices all month).
+MAX_DEVICE_HOURS = 100_000
+
+
+@transaction.atomic
+def team_quotas_set(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    max_concurrent_jobs: int | None,
+    device_hours_quota: dict[str, float],
+    storage_quota_gb: float | None,
+) -> Team:
+    """Site staff set a team's quotas: jobs at once (None: the site's default), device-hours
+    a month per device type (a type not named is not limited) and storage (None: the site's
+    default). Audited with the old and new values."""
+    from console.hardware import profiles
+
+    if not actor.is_staff:
+        raise PermissionDenied
+    known = set(profiles())
+    for device, hours in device_hours_quota.items():
+        if device not in known:
+            raise ValidationError(
+                _("Unknown device type “%(device)s”; known: %(known)s.")
+                % {"device": device, "known": ", ".join(sorted(known))}
+            )
+        if not 0 <= float(hours) <= MAX_DEVICE_HOURS:
+            raise ValidationError(
+                _("Device-hours a month are between 0 and %(max)d, not %(hours)s.")
+                % {"max": MAX_DEVICE_HOURS, "hours": hours}
+            )
+    if max_concurrent_jobs is not None and not 1 <= max_concurrent_jobs <= 1000:
+        raise ValidationError(_("Jobs at once are between 1 and 1000."))
+    if storage_quota_gb is not None and not 0 <= storage_quota_gb <= 10**7:
+        raise ValidationError(_("The storage quota is between 0 and 10,000,000 GB."))
+    team = Team.objects.select_for_update().get(pk=team.pk)
+    old = {
+        "max_concurrent_jobs": team.max_concurrent_jobs,
+        "device_hours_quota": team.device_hours_quota,
+        "storage_quota_gb": team.storage_quota_gb,
+    }
+    team.max_concurrent_jobs = max_concurrent_jobs
+    team.device_hours_quota = {k: float(v) for k, v in sorted(device_hours_quota.items())}
+    team.storage_quota_gb = storage_quota_gb
+    team.save(update_fields=["max_concurrent_jobs", "device_hours_quota", "storage_quota_gb"])
+    new = {k: getattr(team, k) for k in old}
+    audit_record(
+        action="team.quotas", actor=actor, team=team, target=team, data={"from": old, "to": new}
+    )
+    return team

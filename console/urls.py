@@ -17,6 +17,7 @@ team_pages = [
     path("members/<int:membership_id>/role/", views.member_role, name="member_role"),
     path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
     path("audit/", views.audit, name="audit"),
+    path("usage/", views.team_usage, name="usage"),
 ]
 
 console_pages = [
@@ -48,6 +49,7 @@ console_pages = [
         name="user_token_revoke",
     ),
     path("users/lockouts/clear/", views.lockout_clear, name="lockout_clear"),
+    path("usage/", views.site_usage, name="site_usage"),
     path("t/<slug:team>/", include(team_pages)),
 ]
 
@@ -68,6 +70,7 @@ api_v1 = [
         name="member",
     ),
     path("teams/<slug:team>/audit/", api.AuditList.as_view(), name="audit"),
+    path("teams/<slug:team>/usage/", api.TeamUsage.as_view(), name="usage"),
     # Site staff only (404 to anybody else).
     path("users/<int:user_id>/tokens/", api.UserTokenList.as_view(), name="user_tokens"),
     path(
@@ -77,6 +80,7 @@ api_v1 = [
     ),
     path("users/<int:user_id>/active/", api.UserActive.as_view(), name="user_active"),
     path("lockouts/", api.LockoutList.as_view(), name="lockouts"),
+    path("quotas/", api.Quotas.as_view(), name="quotas"),
 ]
 
 urlpatterns = [

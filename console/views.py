@@ -1,6 +1,7 @@
 """Console pages of the platform core: dashboard, teams, members, API tokens, audit, users,
 nodes."""
 
+import datetime
 import sys
 from functools import wraps
 
@@ -18,16 +19,18 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console import hardware, health, lockout, oidc, selectors, services
+from console import hardware, health, lockout, oidc, selectors, services, usage
 from console.forms import (
     AuditFilterForm,
     InviteForm,
+    QuotaForm,
     RoleForm,
     TeamForm,
     TokenForm,
     UserForm,
     error_text,
 )
+from console.models import Team
 from console.pagination import paginate, render_page
 from console.permissions import team_view
 from console.roles import Perm, Role, role_allows
@@ -361,3 +364,121 @@ def server_error(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(body, status=503)
     response["Retry-After"] = "5"
     return response
+
+
+def _month(text: str | None):
+    """``YYYY-MM`` (the usage pages' month), else this month."""
+    try:
+        year, month = (int(x) for x in (text or "").split("-"))
+        if 2000 <= year <= 2999:
+            return usage.month_start(datetime.date(year, month, 1))
+    except ValueError:
+        pass
+    return usage.month_start()
+
+
+def _usage_csv(start, team=None) -> HttpResponse:
+    name = f"usage-{team.slug if team else 'all'}-{start:%Y-%m}.csv"
+    response = HttpResponse(
+        "\ufeff" + usage.usage_csv(start, team), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+def _months(start) -> dict:
+    previous = usage.month_start(start - datetime.timedelta(days=1))
+    return {
+        "month": start,
+        "previous": f"{previous:%Y-%m}",
+        "next": f"{usage.next_month(start):%Y-%m}",
+        "is_current": start == usage.month_start(),
+    }
+
+
+@team_view()
+def team_usage(request: HttpRequest) -> HttpResponse:
+    """The team's device-hours in a month (by device type, user and job), against its quotas;
+    the month's lines as CSV (``?format=csv``) for chargeback."""
+    start = _month(request.GET.get("month"))
+    if request.GET.get("format") == "csv":
+        return _usage_csv(start, request.team)
+    uses = usage.month_uses(start, request.team)
+    by_device = {device: hours for (_team, device), hours in usage.summary(uses, "team")}
+    quotas = request.team.device_hours_quota or {}
+    devices = [
+        {
+            "device": d,
+            "hours": by_device.get(d, 0.0),
+            "quota": quotas.get(d),
+            "percent": min(100, round(100 * by_device.get(d, 0.0) / quotas[d]))
+            if quotas.get(d)
+            else None,
+        }
+        for d in sorted(set(by_device) | set(quotas))
+    ]
+    return render(
+        request,
+        "console/usage.html",
+        {
+            **_months(start),
+            "devices": devices,
+            "by_user": usage.summary(uses, "user"),
+            "by_job": usage.summary(uses, "job"),
+            "jobs_at_once": usage.concurrency_limit(request.team),
+        },
+    )
+
+
+@staff_required
+def site_usage(request: HttpRequest) -> HttpResponse:
+    """Site staff: every team's device-hours in a month, and each team's quotas."""
+    start = _month(request.GET.get("month"))
+    if request.GET.get("format") == "csv":
+        return _usage_csv(start)
+    device_types = sorted(hardware.profiles())
+    posted = (
+        QuotaForm(request.POST, device_types=device_types) if request.method == "POST" else None
+    )
+    if posted is not None and posted.is_valid():
+        team = get_object_or_404(Team, slug=posted.cleaned_data["team"])
+        try:
+            services.team_quotas_set(
+                actor=request.user,
+                team=team,
+                max_concurrent_jobs=posted.cleaned_data["max_concurrent_jobs"],
+                device_hours_quota=posted.device_hours(),
+                storage_quota_gb=posted.cleaned_data["storage_quota_gb"],
+            )
+        except ValidationError as exc:
+            messages.error(request, error_text(exc))
+        else:
+            messages.success(request, _("Quotas of %(team)s saved.") % {"team": team.name})
+            return redirect("console:site_usage")
+    elif posted is not None:
+        messages.error(request, error_text(ValidationError(list(posted.errors.values()))))
+    totals: dict[str, dict[str, float]] = {}
+    for (team_name, device), hours in usage.summary(usage.month_uses(start), "team"):
+        totals.setdefault(team_name, {})[device] = hours
+    teams = []
+    for team in Team.objects.order_by("name"):
+        initial = {
+            "team": team.slug,
+            "max_concurrent_jobs": team.max_concurrent_jobs,
+            "storage_quota_gb": team.storage_quota_gb,
+            **{f"hours_{d}": h for d, h in (team.device_hours_quota or {}).items()},
+        }
+        teams.append(
+            {
+                "team": team,
+                "hours": totals.pop(team.name, {}),
+                "form": QuotaForm(
+                    initial=initial, device_types=device_types, auto_id=f"id_{team.slug}_%s"
+                ),
+            }
+        )
+    return render(
+        request,
+        "console/site_usage.html",
+        {**_months(start), "teams": teams, "gone": totals, "device_types": device_types},
+    )

@@ -21,6 +21,7 @@ from console.services import (
     devices_release,
     devices_release_all_but,
 )
+from console.usage import concurrency_limit, device_hours_check
 from training.jobs import no_node_reason, training_job_enqueue, training_job_finish
 from training.models import TrainingJob
 
@@ -78,9 +79,11 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
         running = TrainingJob.objects.filter(
             team=job.team_id, status=TrainingJob.Status.RUNNING
         ).count()
-        limit = settings.TRAINING_TEAM_CONCURRENCY
-        if running >= limit:
+        reason = ""
+        if running >= concurrency_limit(job.team):
             reason = _("Waiting: the team runs %(n)d jobs, its limit.") % {"n": running}
+        reason = reason or device_hours_check(job.team, job.device_type)
+        if reason:
             if job.waiting_reason != reason:
                 job.waiting_reason = reason
                 job.save(update_fields=["waiting_reason"])
@@ -100,6 +103,7 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
             replaces=device_holder_prefix(job),
             label=f"#{job.pk} {job.name}",
             team=job.team,
+            user=job.created_by,
         )
     except DevicesBusy as exc:
         # A job taken again after its worker died waits like any other, queued (its parts on

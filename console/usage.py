@@ -1,0 +1,183 @@
+"""Usage accounting and the device-hour quotas.
+
+Device time is recorded from the devices' holds themselves: when a holder (a job's attempt)
+lets its devices go, one ``DeviceUse`` says who (team, user, job), what (device type, how many)
+and from when to when (``devices_free``). A hold still running counts up to now. Months are
+calendar months in the platform's time zone; a use that spans two months is split between
+them by time.
+
+A team's quota of device-hours a month per device type (``Team.device_hours_quota``, set by
+site staff) is checked when a job would take devices: once the month's use reaches it, the
+job waits, saying the quota, the use and when it resets.
+"""
+
+import csv
+import io
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from console.models import Device, DeviceUse, Team
+
+_FREE = {
+    "holder": "",
+    "holder_label": "",
+    "holder_team": None,
+    "holder_user": None,
+    "held_since": None,
+}
+
+
+@transaction.atomic
+def devices_free(devices: QuerySet[Device]) -> int:
+    """Free ``devices``, recording the device time of each hold among them; returns how
+    many were freed."""
+    now = timezone.now()
+    held = list(
+        devices.select_for_update()
+        .exclude(holder="")
+        .select_related("holder_team", "holder_user")
+        .order_by("pk")
+    )
+    uses: dict[tuple, DeviceUse] = {}
+    for d in held:
+        if d.held_since is None:
+            continue
+        key = (d.holder, d.device_type, d.held_since)
+        if key in uses:
+            uses[key].devices += 1
+            continue
+        uses[key] = DeviceUse(
+            team=d.holder_team,
+            team_name=d.holder_team.name if d.holder_team else "",
+            user=d.holder_user,
+            username=d.holder_user.get_username() if d.holder_user else "",
+            holder=d.holder,
+            label=d.holder_label,
+            device_type=d.device_type,
+            devices=1,
+            started_at=d.held_since,
+            ended_at=max(now, d.held_since),
+        )
+    DeviceUse.objects.bulk_create(uses.values())
+    return Device.objects.filter(pk__in=[d.pk for d in held]).update(**_FREE)
+
+
+def month_start(day: date | datetime | None = None) -> datetime:
+    """The start of the calendar month of ``day`` (default: now), in the platform's zone."""
+    local = timezone.localtime() if day is None else day
+    return timezone.make_aware(datetime(local.year, local.month, 1))
+
+
+def next_month(start: datetime) -> datetime:
+    year, month = (start.year + 1, 1) if start.month == 12 else (start.year, start.month + 1)
+    return timezone.make_aware(datetime(year, month, 1))
+
+
+@dataclass
+class Use:
+    """Device time within one month: a closed use, or a hold running now."""
+
+    team_id: int | None
+    team: str
+    username: str
+    label: str
+    device_type: str
+    device_hours: float
+
+
+def month_uses(start: datetime, team: Team | None = None) -> list[Use]:
+    """Every use of the month that starts at ``start`` (of one team, or all), each cut to
+    the month; holds still running count up to now."""
+    end, now = next_month(start), timezone.now()
+
+    def within(a: datetime, b: datetime) -> float:
+        return max(0.0, (min(b, end) - max(a, start)).total_seconds()) / 3600
+
+    closed = DeviceUse.objects.filter(started_at__lt=end, ended_at__gt=start)
+    running = Device.objects.exclude(holder="").filter(held_since__lt=end)
+    if team is not None:
+        closed, running = closed.filter(team=team), running.filter(holder_team=team)
+    uses = [
+        Use(u.team_id, u.team_name, u.username, u.label, u.device_type,
+            u.devices * within(u.started_at, u.ended_at))
+        for u in closed
+    ]  # fmt: skip
+    for d in running.select_related("holder_team", "holder_user"):
+        uses.append(
+            Use(
+                d.holder_team_id,
+                d.holder_team.name if d.holder_team else "",
+                d.holder_user.get_username() if d.holder_user else "",
+                d.holder_label,
+                d.device_type,
+                within(d.held_since, now),
+            )
+        )
+    return [u for u in uses if u.device_hours > 0]
+
+
+def summary(uses: list[Use], by: str) -> list[tuple[tuple, float]]:
+    """Device-hours added up by ``by``: "team", "user", "job" (with the device type)."""
+    keys = {
+        "team": lambda u: (u.team, u.device_type),
+        "user": lambda u: (u.team, u.username or "—", u.device_type),
+        "job": lambda u: (u.team, u.label or "—", u.username or "—", u.device_type),
+    }[by]
+    totals: dict[tuple, float] = defaultdict(float)
+    for u in uses:
+        totals[keys(u)] += u.device_hours
+    return sorted(totals.items(), key=lambda kv: (kv[0][0], -kv[1]))
+
+
+def usage_csv(start: datetime, team: Team | None = None) -> str:
+    """One line per job and device type of the month: for chargeback (按部门结算)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["month", "team", "job", "user", "device_type", "device_hours"])
+    for (team_name, label, username, device_type), hours in summary(month_uses(start, team), "job"):
+        writer.writerow(
+            [start.strftime("%Y-%m"), team_name, label, username, device_type, f"{hours:.4f}"]
+        )
+    return out.getvalue()
+
+
+def device_hours_used(team: Team, device_type: str, start: datetime | None = None) -> float:
+    start = start or month_start()
+    return sum(u.device_hours for u in month_uses(start, team) if u.device_type == device_type)
+
+
+def device_hours_quota(team: Team, device_type: str) -> float | None:
+    quota = (team.device_hours_quota or {}).get(device_type)
+    return float(quota) if quota is not None else None
+
+
+def device_hours_check(team: Team, device_type: str) -> str:
+    """Why a job of ``team`` on ``device_type`` must wait for its quota ("" when it may run):
+    the quota, the month's use and when it resets."""
+    quota = device_hours_quota(team, device_type)
+    if quota is None:
+        return ""
+    start = month_start()
+    used = device_hours_used(team, device_type, start)
+    if used < quota:
+        return ""
+    return _(
+        "Waiting: the team used %(used).1f of its %(quota)g %(device)s device-hours this month; "
+        "they reset on %(reset)s."
+    ) % {
+        "used": used,
+        "quota": quota,
+        "device": device_type,
+        "reset": timezone.localtime(next_month(start)).date().isoformat(),
+    }
+
+
+def concurrency_limit(team: Team) -> int:
+    return team.max_concurrent_jobs or settings.TRAINING_TEAM_CONCURRENCY
