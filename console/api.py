@@ -469,6 +469,15 @@ class TeamUsage(TeamAPIView):
         return Response(figures)
 
 
+QUOTA_FIELDS = (
+    "max_concurrent_jobs",
+    "device_hours_quota",
+    "storage_quota_gb",
+    "max_endpoints",
+    "max_replicas",
+)
+
+
 class Quotas(APIView):
     """Site staff: every team's quotas and device-hours this month (GET), or set one team's
     (POST)."""
@@ -485,9 +494,7 @@ class Quotas(APIView):
             [
                 {
                     "team": t.slug,
-                    "max_concurrent_jobs": t.max_concurrent_jobs,
-                    "device_hours_quota": t.device_hours_quota,
-                    "storage_quota_gb": t.storage_quota_gb,
+                    **{k: getattr(t, k) for k in QUOTA_FIELDS},
                     "month": f"{start:%Y-%m}",
                     "device_hours": totals.get(t.name, {}),
                 }
@@ -503,19 +510,7 @@ class Quotas(APIView):
         team = Team.objects.filter(slug=data["team"]).first()
         if team is None:
             raise NotFound
-        team = service_call(
-            services.team_quotas_set,
-            actor=request.user,
-            team=team,
-            max_concurrent_jobs=data.get("max_concurrent_jobs", team.max_concurrent_jobs),
-            device_hours_quota=data.get("device_hours_quota", team.device_hours_quota),
-            storage_quota_gb=data.get("storage_quota_gb", team.storage_quota_gb),
-        )
-        return Response(
-            {
-                "team": team.slug,
-                "max_concurrent_jobs": team.max_concurrent_jobs,
-                "device_hours_quota": team.device_hours_quota,
-                "storage_quota_gb": team.storage_quota_gb,
-            }
-        )
+        # What the request leaves out stays as it is.
+        quotas = {k: data.get(k, getattr(team, k)) for k in QUOTA_FIELDS}
+        team = service_call(services.team_quotas_set, actor=request.user, team=team, **quotas)
+        return Response({"team": team.slug, **{k: getattr(team, k) for k in QUOTA_FIELDS}})

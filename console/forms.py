@@ -91,6 +91,12 @@ class QuotaForm(forms.Form):
     storage_quota_gb = forms.FloatField(
         label=_("Storage (GB)"), required=False, min_value=0, max_value=10**7
     )
+    max_endpoints = forms.IntegerField(
+        label=_("Endpoints"), required=False, min_value=0, max_value=10_000
+    )
+    max_replicas = forms.IntegerField(
+        label=_("Predictor replicas"), required=False, min_value=0, max_value=10_000
+    )
 
     def __init__(self, *args, device_types: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -21,6 +21,9 @@ class Team(models.Model):
     # ({"gpu": 100}; a type not named is not limited).
     max_concurrent_jobs = models.PositiveSmallIntegerField(_("jobs at once"), null=True, blank=True)
     device_hours_quota = models.JSONField(_("device-hours a month"), default=dict, blank=True)
+    # Endpoints, and predictor replicas of their active revisions (empty: no limit).
+    max_endpoints = models.PositiveSmallIntegerField(_("endpoints"), null=True, blank=True)
+    max_replicas = models.PositiveSmallIntegerField(_("replicas"), null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

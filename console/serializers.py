@@ -168,3 +168,9 @@ class TeamQuotasSerializer(serializers.Serializer):
     storage_quota_gb = serializers.FloatField(
         required=False, allow_null=True, min_value=0, max_value=10**7
     )
+    max_endpoints = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=10_000
+    )
+    max_replicas = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=10_000
+    )

@@ -587,10 +587,13 @@ def team_quotas_set(
     max_concurrent_jobs: int | None,
     device_hours_quota: dict[str, float],
     storage_quota_gb: float | None,
+    max_endpoints: int | None = None,
+    max_replicas: int | None = None,
 ) -> Team:
     """Site staff set a team's quotas: jobs at once (None: the site's default), device-hours
-    a month per device type (a type not named is not limited) and storage (None: the site's
-    default). Audited with the old and new values."""
+    a month per device type (a type not named is not limited), storage (None: the site's
+    default), endpoints and predictor replicas (None: no limit). Audited with the old and new
+    values."""
     from console.hardware import profiles
 
     if not actor.is_staff:
@@ -611,16 +614,22 @@ def team_quotas_set(
         raise ValidationError(_("Jobs at once are between 1 and 1000."))
     if storage_quota_gb is not None and not 0 <= storage_quota_gb <= 10**7:
         raise ValidationError(_("The storage quota is between 0 and 10,000,000 GB."))
+    for limit in (max_endpoints, max_replicas):
+        if limit is not None and not 0 <= limit <= 10_000:
+            raise ValidationError(_("Endpoint and replica quotas are between 0 and 10,000."))
     team = Team.objects.select_for_update().get(pk=team.pk)
     old = {
         "max_concurrent_jobs": team.max_concurrent_jobs,
         "device_hours_quota": team.device_hours_quota,
         "storage_quota_gb": team.storage_quota_gb,
+        "max_endpoints": team.max_endpoints,
+        "max_replicas": team.max_replicas,
     }
+    team.max_endpoints, team.max_replicas = max_endpoints, max_replicas
     team.max_concurrent_jobs = max_concurrent_jobs
     team.device_hours_quota = {k: float(v) for k, v in sorted(device_hours_quota.items())}
     team.storage_quota_gb = storage_quota_gb
-    team.save(update_fields=["max_concurrent_jobs", "device_hours_quota", "storage_quota_gb"])
+    team.save(update_fields=list(old))
     new = {k: getattr(team, k) for k in old}
     audit_record(
         action="team.quotas", actor=actor, team=team, target=team, data={"from": old, "to": new}

@@ -449,6 +449,8 @@ def site_usage(request: HttpRequest) -> HttpResponse:
                 max_concurrent_jobs=posted.cleaned_data["max_concurrent_jobs"],
                 device_hours_quota=posted.device_hours(),
                 storage_quota_gb=posted.cleaned_data["storage_quota_gb"],
+                max_endpoints=posted.cleaned_data["max_endpoints"],
+                max_replicas=posted.cleaned_data["max_replicas"],
             )
         except ValidationError as exc:
             messages.error(request, error_text(exc))
@@ -466,6 +468,8 @@ def site_usage(request: HttpRequest) -> HttpResponse:
             "team": team.slug,
             "max_concurrent_jobs": team.max_concurrent_jobs,
             "storage_quota_gb": team.storage_quota_gb,
+            "max_endpoints": team.max_endpoints,
+            "max_replicas": team.max_replicas,
             **{f"hours_{d}": h for d, h in (team.device_hours_quota or {}).items()},
         }
         teams.append(

@@ -10,7 +10,7 @@ stable revision). Rolling back with no canary returns to the revision the stable
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Sum
 from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
@@ -56,6 +56,36 @@ def _check_knobs(
         raise ValidationError(_("The max batch size must be between 1 and 256."))
     if not 0 <= max_wait_ms <= 1000:
         raise ValidationError(_("The max wait must be between 0 and 1000 ms."))
+
+
+def _check_serving_quota(team: Team, *, endpoints: int, replicas: int) -> None:
+    """Refuse ``endpoints`` more endpoints or ``replicas`` more predictor replicas past the
+    team's quotas (``Team.max_endpoints``, ``max_replicas``, set by site staff), saying the use
+    and the quota. ``team`` is locked by the caller, so that two deployments cannot both pass;
+    replicas count those of every active revision of the team's endpoints."""
+    if endpoints and team.max_endpoints is not None:
+        have = Endpoint.objects.filter(team=team).count()
+        if have + endpoints > team.max_endpoints:
+            raise ValidationError(
+                _(
+                    "The team has %(have)d endpoints, and its quota is %(quota)d: delete one or "
+                    "ask site staff for more."
+                )
+                % {"have": have, "quota": team.max_endpoints},
+                code="quota",
+            )
+    if replicas and team.max_replicas is not None:
+        active = Revision.objects.filter(endpoint__team=team, status=Revision.Status.ACTIVE)
+        have = active.aggregate(n=Sum("replicas"))["n"] or 0
+        if have + replicas > team.max_replicas:
+            raise ValidationError(
+                _(
+                    "The team's endpoints run %(have)d predictor replicas; %(more)d more would "
+                    "pass its quota of %(quota)d."
+                )
+                % {"have": have, "more": replicas, "quota": team.max_replicas},
+                code="quota",
+            )
 
 
 def _check_version(team: Team, version: ModelVersion, task_kind: str | None = None) -> None:
@@ -119,6 +149,8 @@ def endpoint_deploy(
     """A new endpoint serving ``model_version`` with all of its traffic."""
     _check_version(team, model_version)
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
+    locked = Team.objects.select_for_update().get(pk=team.pk)
+    _check_serving_quota(locked, endpoints=1, replicas=replicas)
     if not 1 <= max_inputs <= 256:
         raise ValidationError(_("Inputs per request must be between 1 and 256."))
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
@@ -191,9 +223,11 @@ def revision_add(
     engine: str = BUILTIN,
 ) -> Revision:
     """A canary: ``model_version`` takes ``weight`` % of the traffic once it is ready."""
+    team = Team.objects.select_for_update().get(pk=endpoint.team_id)
     endpoint = _lock(endpoint)
     _check_version(endpoint.team, model_version, endpoint.task_kind)
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
+    _check_serving_quota(team, endpoints=0, replicas=replicas)
     if not 0 <= weight <= 100:
         raise ValidationError(_("A traffic share is between 0 and 100 %."))
     # The quality gate warns (deployment.quality); it never refuses: the user decided.
