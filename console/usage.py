@@ -181,3 +181,26 @@ def device_hours_check(team: Team, device_type: str) -> str:
 
 def concurrency_limit(team: Team) -> int:
     return team.max_concurrent_jobs or settings.TRAINING_TEAM_CONCURRENCY
+
+
+# Fair share looks back this far: the team that used a device type least lately goes first.
+FAIR_SHARE_DAYS = 7
+
+
+def recent_device_hours(team_ids: list[int], device_type: str) -> dict[int, float]:
+    """Each team's device-hours of ``device_type`` in the last FAIR_SHARE_DAYS, running holds
+    up to now."""
+    now = timezone.now()
+    since = now - timezone.timedelta(days=FAIR_SHARE_DAYS)
+    hours = dict.fromkeys(team_ids, 0.0)
+    closed = DeviceUse.objects.filter(
+        team_id__in=team_ids, device_type=device_type, ended_at__gt=since
+    )
+    for u in closed:
+        hours[u.team_id] += u.devices * (u.ended_at - max(u.started_at, since)).total_seconds()
+    running = Device.objects.filter(
+        holder_team_id__in=team_ids, device_type=device_type, held_since__isnull=False
+    )
+    for d in running:
+        hours[d.holder_team_id] += (now - max(d.held_since, since)).total_seconds()
+    return {team: seconds / 3600 for team, seconds in hours.items()}

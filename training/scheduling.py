@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.hardware import placement_plan, profile
-from console.models import Node, Team
+from console.models import Device, Node, Team
 from console.selectors import live_nodes_with
 from console.services import (
     DevicesBusy,
@@ -21,7 +21,7 @@ from console.services import (
     devices_release,
     devices_release_all_but,
 )
-from console.usage import concurrency_limit, device_hours_check
+from console.usage import concurrency_limit, device_hours_check, recent_device_hours
 from training.jobs import no_node_reason, training_job_enqueue, training_job_finish
 from training.models import TrainingJob
 
@@ -82,7 +82,7 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
         reason = ""
         if running >= concurrency_limit(job.team):
             reason = _("Waiting: the team runs %(n)d jobs, its limit.") % {"n": running}
-        reason = reason or device_hours_check(job.team, job.device_type)
+        reason = reason or device_hours_check(job.team, job.device_type) or _fair_share(job)
         if reason:
             if job.waiting_reason != reason:
                 job.waiting_reason = reason
@@ -132,6 +132,47 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     job.phase = "preparing"
     job.save()
     return job
+
+
+def _fair_share(job: TrainingJob) -> str:
+    """Why ``job`` lets another team's queued job of its device type and priority go first
+    ("" when it need not): that team used the device type less in the last days (usage.
+    FAIR_SHARE_DAYS), could start now (under its jobs at once and its device-hours) and fits
+    the free devices here. So one team's hundred queued jobs cannot starve another's; ties and
+    jobs that could not start anyway never hold a job back (no two jobs wait on each other)."""
+    rivals = list(
+        TrainingJob.objects.filter(
+            status=TrainingJob.Status.QUEUED,
+            device_type=job.device_type,
+            priority=job.priority,
+            cancel_requested=False,
+        )
+        .exclude(team=job.team_id)
+        .select_related("team")
+        .order_by("created_at")[:50]
+    )
+    if not rivals:
+        return ""
+    used = recent_device_hours([job.team_id, *{r.team_id for r in rivals}], job.device_type)
+    free_here = Device.objects.filter(
+        node__name=settings.NODE_NAME, device_type=job.device_type, holder=""
+    ).count()
+    for rival in rivals:
+        if (used[rival.team_id], rival.team_id) >= (used[job.team_id], job.team_id):
+            continue
+        running = TrainingJob.objects.filter(
+            team=rival.team_id, status=TrainingJob.Status.RUNNING
+        ).count()
+        if (
+            rival.device_count <= free_here
+            and running < concurrency_limit(rival.team)
+            and not device_hours_check(rival.team, rival.device_type)
+        ):
+            return _(
+                "Waiting: another team that used fewer %(device)s devices lately goes first "
+                "(fair share)."
+            ) % {"device": job.device_type}
+    return ""
 
 
 def _still_running(job: TrainingJob, now) -> bool:

@@ -161,3 +161,51 @@ def test_single_sign_on_in_and_out_through_the_provider(page: Page, live_sso):
     # The provider asks again: its session ended with the platform's.
     page.get_by_test_id("sso-login").click()
     expect(page.locator('input[name="login"]')).to_be_visible()
+
+
+def test_a_team_over_its_quota_sees_why_its_job_waits_and_what_it_used(
+    page: Page, make_user, make_team, settings, celery_worker_process
+):
+    from django.utils import timezone
+
+    from console import hardware
+    from console.models import DeviceUse
+    from console.services import node_register
+    from labeling.datasets import dataset_create
+    from tests.helpers.data import version_for
+    from training.jobs import training_job_submit
+    from training.scheduling import JobMustWait, training_job_claim
+
+    node_register(name=settings.NODE_NAME, devices=hardware.parse_devices("npu:2"), simulated=True)
+    owner = make_user("zhao", password="Zhao-Pass-2026")
+    team = make_team("NLP", {owner: "owner"})
+    make_user("site-admin", password="Admin-Pass-2026", is_staff=True)
+    now = timezone.now()
+    DeviceUse.objects.create(
+        team=team, team_name=team.name, user=owner, username="zhao", holder="h", label="#1 旧任务",
+        device_type="npu", devices=2, started_at=now - timezone.timedelta(hours=3), ended_at=now,
+    )  # fmt: skip
+    # Site staff set the quota on the usage and quotas page.
+    login(page, "site-admin", "Admin-Pass-2026")
+    page.get_by_role("link", name="用量与配额").click()
+    card = page.locator(f'section[data-team="{team.slug}"]')
+    card.get_by_label("npu 每月设备时").fill("5")
+    card.get_by_role("button", name="保存配额").click()
+    expect(page.get_by_text("已保存 NLP 的配额。")).to_be_visible()
+    page.get_by_role("button", name="退出").click()
+
+    dataset = dataset_create(actor=owner, team=team, name="评论", task_kind="text_classification")
+    job = training_job_submit(
+        actor=owner, team=team, dataset_version=version_for(dataset, owner, 80), device_type="npu"
+    )
+    with pytest.raises(JobMustWait):
+        training_job_claim(job.pk, "w")
+    login(page, "zhao", "Zhao-Pass-2026")
+    page.goto(f"/t/{team.slug}/training/{job.pk}/")
+    expect(page.get_by_test_id("waiting")).to_contain_text(
+        "团队本月已用 6.0 个 npu 设备时，配额为 5"
+    )
+    page.get_by_role("navigation").get_by_role("link", name="用量").click()
+    expect(page.locator('tr[data-device="npu"]')).to_contain_text("6.00")
+    expect(page.get_by_test_id("usage-jobs")).to_contain_text("#1 旧任务")
+    shot(page, "usage")

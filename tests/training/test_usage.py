@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from console import hardware, usage
 from console.models import Device, DeviceUse
 from console.services import devices_acquire, devices_release, node_register
+from tests.helpers.data import version_for
 from training.jobs import training_job_submit
 from training.scheduling import JobMustWait, training_job_claim
 
@@ -30,6 +31,13 @@ def hold(team, user, holder: str, label: str, count: int, hours_ago: float) -> N
         user=user,
     )  # fmt: skip
     Device.objects.filter(holder=holder).update(held_since=timezone.now() - hours_ago * HOUR)
+
+
+def team_version(team, owner):
+    from labeling.datasets import dataset_create
+
+    dataset = dataset_create(actor=owner, team=team, name="d", task_kind="text_classification")
+    return version_for(dataset, owner, 80)
 
 
 def api(user) -> APIClient:
@@ -140,3 +148,60 @@ def test_staff_set_quotas_in_the_console_and_bad_ones_are_refused(client, team, 
         "/api/v1/quotas/", {"team": team.slug, "device_hours_quota": {"tpu": 5}}, format="json"
     )
     assert bad.status_code == 400 and "Unknown device type" in str(bad.json())
+
+
+def test_fair_share_the_team_that_used_less_lately_goes_first(
+    team, owner, make_user, make_team, make_dataset, settings
+):
+    settings.TRAINING_TEAM_CONCURRENCY = 5
+    register(settings.NODE_NAME, "npu:1")
+    light_owner = make_user("light")
+    light = make_team("Light", {light_owner: "owner"})
+    DeviceUse.objects.create(
+        team=team, team_name=team.name, holder="h", label="#0", device_type="npu", devices=1,
+        started_at=timezone.now() - 10 * HOUR, ended_at=timezone.now() - HOUR,
+    )  # fmt: skip
+    heavy_job = training_job_submit(
+        actor=owner, team=team, dataset_version=make_dataset(), device_type="npu"
+    )
+    light_job = training_job_submit(
+        actor=light_owner, team=light, dataset_version=team_version(light, light_owner),
+        device_type="npu",
+    )  # fmt: skip
+    # The heavy team's job is delivered first, and lets the light team's go first.
+    with pytest.raises(JobMustWait):
+        training_job_claim(heavy_job.pk, "w")
+    heavy_job.refresh_from_db()
+    assert "fair share" in heavy_job.waiting_reason
+    assert training_job_claim(light_job.pk, "w").status == "running"
+    # Once the light team's job runs, the heavy one waits for the device, not for its turn;
+    # with no other team waiting, it takes the device when it is free.
+    with pytest.raises(JobMustWait):
+        training_job_claim(heavy_job.pk, "w")
+    heavy_job.refresh_from_db()
+    assert "fair share" not in heavy_job.waiting_reason
+    devices_release(Device.objects.get(holder__startswith=f"training_job:{light_job.pk}").holder)
+    assert training_job_claim(heavy_job.pk, "w").status == "running"
+
+
+def test_fair_share_never_holds_a_job_for_one_that_could_not_start(
+    team, owner, make_user, make_team, make_dataset, settings
+):
+    settings.TRAINING_TEAM_CONCURRENCY = 5
+    register(settings.NODE_NAME, "npu:1")
+    light_owner = make_user("light")
+    light = make_team("Light", {light_owner: "owner"})
+    light.device_hours_quota = {"npu": 0}  # the light team may not use npu at all this month
+    light.save()
+    DeviceUse.objects.create(
+        team=team, team_name=team.name, holder="h", label="#0", device_type="npu", devices=1,
+        started_at=timezone.now() - 10 * HOUR, ended_at=timezone.now() - HOUR,
+    )  # fmt: skip
+    heavy_job = training_job_submit(
+        actor=owner, team=team, dataset_version=make_dataset(), device_type="npu"
+    )
+    training_job_submit(
+        actor=light_owner, team=light, dataset_version=team_version(light, light_owner),
+        device_type="npu",
+    )  # fmt: skip
+    assert training_job_claim(heavy_job.pk, "w").status == "running"
