@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-from console import health, lockout, selectors, services, usage
+from console import health, lockout, quotas, selectors, services, usage
 from console.forms import AuditFilterForm
 from console.models import ApiToken, Membership, Team
 from console.pagination import PaginatedList
@@ -464,7 +464,10 @@ class TeamUsage(TeamAPIView):
 
     @extend_schema(parameters=[UsageQuerySerializer], responses={200: None, 400: None})
     def get(self, request: Request, team: str) -> Response:
-        figures = _usage_figures(_month_param(request), request.team)
+        start = _month_param(request)
+        figures = _usage_figures(start, request.team)
+        figures["endpoints"] = [r for c in usage.serving_usage for r in c(request.team, start)]
+        figures["storage_bytes"] = quotas.team_storage_usage(request.team)
         figures["jobs_at_once"] = usage.concurrency_limit(request.team)
         return Response(figures)
 

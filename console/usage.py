@@ -14,6 +14,7 @@ job waits, saying the quota, the use and when it resets.
 import csv
 import io
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -24,6 +25,11 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.models import Device, DeviceUse, Team
+
+# Each takes (a team or None for all, the month's start) and returns the month's serving rows
+# ({"team", "endpoint", "requests", "errors", "prompt_tokens", "completion_tokens"}):
+# registered by the deployment app (console imports none of the apps).
+serving_usage: list[Callable[[Team | None, datetime], list[dict]]] = []
 
 _FREE = {
     "holder": "",
@@ -136,16 +142,68 @@ def summary(uses: list[Use], by: str) -> list[tuple[tuple, float]]:
     return sorted(totals.items(), key=lambda kv: (kv[0][0], -kv[1]))
 
 
+COLUMNS = [
+    "month", "team", "kind", "item", "user", "device_type", "device_hours",
+    "requests", "prompt_tokens", "completion_tokens",
+]  # fmt: skip
+
+
+def usage_rows(start: datetime, team: Team | None = None) -> list[dict]:
+    """The month's lines for chargeback (按部门结算): one per job and device type (device
+    time) and one per endpoint or adapter (requests and tokens)."""
+    month = start.strftime("%Y-%m")
+    rows = [
+        {"month": month, "team": t, "kind": "device", "item": label, "user": user,
+         "device_type": device, "device_hours": round(hours, 4)}
+        for (t, label, user, device), hours in summary(month_uses(start, team), "job")
+    ]  # fmt: skip
+    for collect in serving_usage:
+        for r in collect(team, start):
+            rows.append(
+                {"month": month, "team": r["team"], "kind": "endpoint", "item": r["endpoint"],
+                 "requests": r["requests"], "prompt_tokens": r["prompt_tokens"],
+                 "completion_tokens": r["completion_tokens"]}
+            )  # fmt: skip
+    return [{c: row.get(c, "") for c in COLUMNS} for row in rows]
+
+
 def usage_csv(start: datetime, team: Team | None = None) -> str:
-    """One line per job and device type of the month: for chargeback (按部门结算)."""
     out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(["month", "team", "job", "user", "device_type", "device_hours"])
-    for (team_name, label, username, device_type), hours in summary(month_uses(start, team), "job"):
-        writer.writerow(
-            [start.strftime("%Y-%m"), team_name, label, username, device_type, f"{hours:.4f}"]
-        )
+    writer = csv.DictWriter(out, COLUMNS)
+    writer.writeheader()
+    writer.writerows(usage_rows(start, team))
     return out.getvalue()
+
+
+def usage_xlsx(start: datetime, team: Team | None = None) -> bytes:
+    from openpyxl import Workbook
+
+    book = Workbook(write_only=True)
+    sheet = book.create_sheet(start.strftime("%Y-%m"))
+    sheet.append(COLUMNS)
+    for row in usage_rows(start, team):
+        sheet.append([row[c] for c in COLUMNS])
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
+def monthly_hours(team: Team, months: int = 6) -> list[dict]:
+    """Device-hours of each of the last ``months`` months by device type, oldest first, with
+    each month's share of the largest (the page's bars)."""
+    starts = [month_start()]
+    for _month in range(months - 1):
+        starts.insert(0, month_start(starts[0] - timezone.timedelta(days=1)))
+    rows = []
+    for s in starts:
+        by_device: dict[str, float] = defaultdict(float)
+        for u in month_uses(s, team):
+            by_device[u.device_type] += u.device_hours
+        rows.append({"month": s, "hours": dict(by_device), "total": sum(by_device.values())})
+    peak = max((r["total"] for r in rows), default=0) or 1
+    for r in rows:
+        r["percent"] = round(100 * r["total"] / peak)
+    return rows
 
 
 def device_hours_used(team: Team, device_type: str, start: datetime | None = None) -> float:

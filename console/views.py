@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console import hardware, health, lockout, oidc, selectors, services, usage
+from console import hardware, health, lockout, oidc, quotas, selectors, services, usage
 from console.forms import (
     AuditFilterForm,
     InviteForm,
@@ -377,11 +377,18 @@ def _month(text: str | None):
     return usage.month_start()
 
 
-def _usage_csv(start, team=None) -> HttpResponse:
-    name = f"usage-{team.slug if team else 'all'}-{start:%Y-%m}.csv"
-    response = HttpResponse(
-        "\ufeff" + usage.usage_csv(start, team), content_type="text/csv; charset=utf-8"
-    )
+def _usage_file(start, kind: str, team=None) -> HttpResponse:
+    """The month's usage lines as CSV (UTF-8 with a BOM: Excel reads the Chinese) or XLSX."""
+    name = f"usage-{team.slug if team else 'all'}-{start:%Y-%m}.{kind}"
+    if kind == "xlsx":
+        response = HttpResponse(
+            usage.usage_xlsx(start, team),
+            content_type="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        )
+    else:
+        response = HttpResponse(
+            "\ufeff" + usage.usage_csv(start, team), content_type="text/csv; charset=utf-8"
+        )
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
@@ -398,25 +405,20 @@ def _months(start) -> dict:
 
 @team_view()
 def team_usage(request: HttpRequest) -> HttpResponse:
-    """The team's device-hours in a month (by device type, user and job), against its quotas;
-    the month's lines as CSV (``?format=csv``) for chargeback."""
+    """The team's device-hours in a month (by device type, user and job) against its quotas,
+    the last months' device-hours, its endpoints' requests and tokens, its storage; the
+    month's lines as CSV or XLSX (``?format=``) for chargeback."""
     start = _month(request.GET.get("month"))
-    if request.GET.get("format") == "csv":
-        return _usage_csv(start, request.team)
+    if request.GET.get("format") in ("csv", "xlsx"):
+        return _usage_file(start, request.GET["format"], request.team)
     uses = usage.month_uses(start, request.team)
     by_device = {device: hours for (_team, device), hours in usage.summary(uses, "team")}
-    quotas = request.team.device_hours_quota or {}
-    devices = [
-        {
-            "device": d,
-            "hours": by_device.get(d, 0.0),
-            "quota": quotas.get(d),
-            "percent": min(100, round(100 * by_device.get(d, 0.0) / quotas[d]))
-            if quotas.get(d)
-            else None,
-        }
-        for d in sorted(set(by_device) | set(quotas))
-    ]
+    devices = []
+    hours_quota = request.team.device_hours_quota or {}
+    for d in sorted(set(by_device) | set(hours_quota)):
+        hours, quota = by_device.get(d, 0.0), hours_quota.get(d)
+        percent = min(100, round(100 * hours / quota)) if quota else None
+        devices.append({"device": d, "hours": hours, "quota": quota, "percent": percent})
     return render(
         request,
         "console/usage.html",
@@ -425,6 +427,10 @@ def team_usage(request: HttpRequest) -> HttpResponse:
             "devices": devices,
             "by_user": usage.summary(uses, "user"),
             "by_job": usage.summary(uses, "job"),
+            "serving": [r for collect in usage.serving_usage for r in collect(request.team, start)],
+            "months": usage.monthly_hours(request.team),
+            "storage": quotas.team_storage_usage(request.team),
+            "storage_quota": quotas.team_storage_quota(request.team),
             "jobs_at_once": usage.concurrency_limit(request.team),
         },
     )
@@ -434,8 +440,8 @@ def team_usage(request: HttpRequest) -> HttpResponse:
 def site_usage(request: HttpRequest) -> HttpResponse:
     """Site staff: every team's device-hours in a month, and each team's quotas."""
     start = _month(request.GET.get("month"))
-    if request.GET.get("format") == "csv":
-        return _usage_csv(start)
+    if request.GET.get("format") in ("csv", "xlsx"):
+        return _usage_file(start, request.GET["format"])
     device_types = sorted(hardware.profiles())
     posted = (
         QuotaForm(request.POST, device_types=device_types) if request.method == "POST" else None

@@ -7,10 +7,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
+from console.models import Team
 from deployment.hosts import HostClient, HostError
-from deployment.models import Endpoint, MetricSample, Revision, ServingHost
+from deployment.models import Endpoint, EndpointUsage, MetricSample, Revision, ServingHost
 from serving.metrics import COUNTERS
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
     window = (now - host.metrics_at).total_seconds() if same_boot and host.metrics_at else 0.0
     # A generative endpoint's adapters count as "<endpoint>/<adapter>".
     names = {name.partition("/")[0] for name in data["endpoints"]}
-    endpoints = {e.name: e for e in Endpoint.objects.filter(name__in=names)}
+    endpoints = {e.name: e for e in Endpoint.objects.filter(name__in=names).select_related("team")}
     samples = []
     for name, revisions in data["endpoints"].items():
         endpoint_name, _slash, adapter = name.partition("/")
@@ -89,6 +91,7 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
                 )
             )
     MetricSample.objects.bulk_create(samples)
+    _usage_add(samples, now)
     host.metrics_boot_id, host.metrics_snapshot, host.metrics_at = (
         data["boot_id"],
         data["endpoints"],
@@ -96,3 +99,41 @@ def _metrics_store(host: ServingHost, data: dict) -> int:
     )
     host.save(update_fields=["metrics_boot_id", "metrics_snapshot", "metrics_at"])
     return len(samples)
+
+
+def _usage_add(samples: list[MetricSample], now) -> None:
+    """Add the samples' requests and tokens to their endpoints' months (EndpointUsage)."""
+    month = timezone.localtime(now).date().replace(day=1)
+    for s in samples:
+        row, _created = EndpointUsage.objects.select_for_update().get_or_create(
+            team_name=s.endpoint.team.name,
+            endpoint_name=s.endpoint.name,
+            adapter=s.adapter,
+            month=month,
+            defaults={"team": s.endpoint.team, "endpoint": s.endpoint},
+        )
+        EndpointUsage.objects.filter(pk=row.pk).update(
+            requests=F("requests") + s.requests,
+            errors=F("errors") + s.errors,
+            prompt_tokens=F("prompt_tokens") + s.prompt_tokens,
+            completion_tokens=F("completion_tokens") + s.completion_tokens,
+        )
+
+
+def endpoint_usage(team: Team | None, start) -> list[dict]:
+    """The month's requests and tokens per endpoint and adapter (of one team, or all): the
+    usage page's serving section (registered in console.usage.serving_usage)."""
+    rows = EndpointUsage.objects.filter(month=timezone.localtime(start).date())
+    if team is not None:
+        rows = rows.filter(team=team)
+    return [
+        {
+            "team": r.team_name,
+            "endpoint": r.endpoint_name + (f"/{r.adapter}" if r.adapter else ""),
+            "requests": r.requests,
+            "errors": r.errors,
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+        }
+        for r in rows.order_by("team_name", "endpoint_name", "adapter")
+    ]

@@ -244,3 +244,32 @@ class MetricSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.at:%H:%M:%S} {self.requests}"
+
+
+class EndpointUsage(models.Model):
+    """An endpoint's (or one of its adapters') requests and tokens in a calendar month, added
+    up as the metrics are scraped (deployment/metrics.py): what usage accounting and
+    chargeback read. Kept after the samples are pruned and after the endpoint is deleted."""
+
+    team = models.ForeignKey(Team, null=True, on_delete=models.SET_NULL, related_name="+")
+    team_name = models.CharField(max_length=100)
+    endpoint = models.ForeignKey(Endpoint, null=True, on_delete=models.SET_NULL, related_name="+")
+    endpoint_name = models.CharField(max_length=60)
+    adapter = models.CharField(max_length=60, blank=True, default="")
+    month = models.DateField()  # its first day
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["month", "endpoint_name", "adapter"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team_name", "endpoint_name", "adapter", "month"],
+                name="one_usage_row_per_endpoint_month",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint_name} {self.month:%Y-%m}"

@@ -166,7 +166,7 @@ def test_single_sign_on_in_and_out_through_the_provider(page: Page, live_sso):
 def test_a_team_over_its_quota_sees_why_its_job_waits_and_what_it_used(
     page: Page, make_user, make_team, settings, celery_worker_process
 ):
-    from django.utils import timezone
+    from django.utils import timezone, translation
 
     from console import hardware
     from console.models import DeviceUse
@@ -198,7 +198,8 @@ def test_a_team_over_its_quota_sees_why_its_job_waits_and_what_it_used(
     job = training_job_submit(
         actor=owner, team=team, dataset_version=version_for(dataset, owner, 80), device_type="npu"
     )
-    with pytest.raises(JobMustWait):
+    # As a train worker claims it (in the site's language, zh-hans).
+    with translation.override("zh-hans"), pytest.raises(JobMustWait):
         training_job_claim(job.pk, "w")
     login(page, "zhao", "Zhao-Pass-2026")
     page.goto(f"/t/{team.slug}/training/{job.pk}/")

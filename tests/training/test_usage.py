@@ -205,3 +205,44 @@ def test_fair_share_never_holds_a_job_for_one_that_could_not_start(
         device_type="npu",
     )  # fmt: skip
     assert training_job_claim(heavy_job.pk, "w").status == "running"
+
+
+def test_endpoint_requests_and_tokens_add_up_by_month_and_survive_pruning(
+    client, team, owner, settings
+):
+    from deployment import metrics
+    from deployment.models import Endpoint, EndpointUsage, MetricSample, ServingHost
+
+    Endpoint.objects.create(team=team, name="chat", task_kind="instruction")
+    host = ServingHost.objects.create(url="http://127.0.0.1:9")
+
+    def scrape(requests: int, completion: int) -> None:
+        counts = {
+            "requests": requests,
+            "prompt_tokens": 10 * requests,
+            "completion_tokens": completion,
+        }
+        metrics._metrics_store(
+            host, {"boot_id": "b1", "endpoints": {"chat/tutor": {"rev-x": counts}}}
+        )
+
+    scrape(3, 40)
+    scrape(5, 100)  # counters grow: 2 more requests, 60 more tokens
+    row = EndpointUsage.objects.get()
+    assert (row.endpoint_name, row.adapter, row.requests, row.completion_tokens) == (
+        "chat", "tutor", 5, 100,
+    )  # fmt: skip
+    MetricSample.objects.all().delete()  # pruned: the month's figures stay
+    figures = api(owner).get(f"/api/v1/teams/{team.slug}/usage/").json()
+    assert figures["endpoints"] == [
+        {"team": team.name, "endpoint": "chat/tutor", "requests": 5, "errors": 0,
+         "prompt_tokens": 50, "completion_tokens": 100}
+    ]  # fmt: skip
+    client.force_login(owner)
+    response = client.get(reverse("console:usage", args=[team.slug]) + "?format=xlsx")
+    from openpyxl import load_workbook
+
+    sheet = load_workbook(io.BytesIO(response.content)).active
+    rows = list(sheet.iter_rows(values_only=True))
+    assert rows[0][:4] == ("month", "team", "kind", "item")
+    assert ("endpoint", "chat/tutor", 5) == (rows[1][2], rows[1][3], rows[1][7])
