@@ -150,9 +150,10 @@ def test_staff_set_quotas_in_the_console_and_bad_ones_are_refused(client, team, 
     assert bad.status_code == 400 and "Unknown device type" in str(bad.json())
 
 
-def test_fair_share_the_team_that_used_less_lately_goes_first(
-    team, owner, make_user, make_team, make_dataset, settings
-):
+@pytest.fixture
+def heavy_and_light(team, owner, make_user, make_team, make_dataset, settings):
+    """One node with one npu; ``team`` used npu for 9 hours today, the team "Light" not at
+    all; each has a job queued for it: (heavy job, light job, light team)."""
     settings.TRAINING_TEAM_CONCURRENCY = 5
     register(settings.NODE_NAME, "npu:1")
     light_owner = make_user("light")
@@ -168,6 +169,11 @@ def test_fair_share_the_team_that_used_less_lately_goes_first(
         actor=light_owner, team=light, dataset_version=team_version(light, light_owner),
         device_type="npu",
     )  # fmt: skip
+    return heavy_job, light_job, light
+
+
+def test_fair_share_the_team_that_used_less_lately_goes_first(heavy_and_light):
+    heavy_job, light_job, _light = heavy_and_light
     # The heavy team's job is delivered first, and lets the light team's go first.
     with pytest.raises(JobMustWait):
         training_job_claim(heavy_job.pk, "w")
@@ -184,65 +190,8 @@ def test_fair_share_the_team_that_used_less_lately_goes_first(
     assert training_job_claim(heavy_job.pk, "w").status == "running"
 
 
-def test_fair_share_never_holds_a_job_for_one_that_could_not_start(
-    team, owner, make_user, make_team, make_dataset, settings
-):
-    settings.TRAINING_TEAM_CONCURRENCY = 5
-    register(settings.NODE_NAME, "npu:1")
-    light_owner = make_user("light")
-    light = make_team("Light", {light_owner: "owner"})
+def test_fair_share_never_holds_a_job_for_one_that_could_not_start(heavy_and_light):
+    heavy_job, _light_job, light = heavy_and_light
     light.device_hours_quota = {"npu": 0}  # the light team may not use npu at all this month
     light.save()
-    DeviceUse.objects.create(
-        team=team, team_name=team.name, holder="h", label="#0", device_type="npu", devices=1,
-        started_at=timezone.now() - 10 * HOUR, ended_at=timezone.now() - HOUR,
-    )  # fmt: skip
-    heavy_job = training_job_submit(
-        actor=owner, team=team, dataset_version=make_dataset(), device_type="npu"
-    )
-    training_job_submit(
-        actor=light_owner, team=light, dataset_version=team_version(light, light_owner),
-        device_type="npu",
-    )  # fmt: skip
     assert training_job_claim(heavy_job.pk, "w").status == "running"
-
-
-def test_endpoint_requests_and_tokens_add_up_by_month_and_survive_pruning(
-    client, team, owner, settings
-):
-    from deployment import metrics
-    from deployment.models import Endpoint, EndpointUsage, MetricSample, ServingHost
-
-    Endpoint.objects.create(team=team, name="chat", task_kind="instruction")
-    host = ServingHost.objects.create(url="http://127.0.0.1:9")
-
-    def scrape(requests: int, completion: int) -> None:
-        counts = {
-            "requests": requests,
-            "prompt_tokens": 10 * requests,
-            "completion_tokens": completion,
-        }
-        metrics._metrics_store(
-            host, {"boot_id": "b1", "endpoints": {"chat/tutor": {"rev-x": counts}}}
-        )
-
-    scrape(3, 40)
-    scrape(5, 100)  # counters grow: 2 more requests, 60 more tokens
-    row = EndpointUsage.objects.get()
-    assert (row.endpoint_name, row.adapter, row.requests, row.completion_tokens) == (
-        "chat", "tutor", 5, 100,
-    )  # fmt: skip
-    MetricSample.objects.all().delete()  # pruned: the month's figures stay
-    figures = api(owner).get(f"/api/v1/teams/{team.slug}/usage/").json()
-    assert figures["endpoints"] == [
-        {"team": team.name, "endpoint": "chat/tutor", "requests": 5, "errors": 0,
-         "prompt_tokens": 50, "completion_tokens": 100}
-    ]  # fmt: skip
-    client.force_login(owner)
-    response = client.get(reverse("console:usage", args=[team.slug]) + "?format=xlsx")
-    from openpyxl import load_workbook
-
-    sheet = load_workbook(io.BytesIO(response.content)).active
-    rows = list(sheet.iter_rows(values_only=True))
-    assert rows[0][:4] == ("month", "team", "kind", "item")
-    assert ("endpoint", "chat/tutor", 5) == (rows[1][2], rows[1][3], rows[1][7])
