@@ -46,7 +46,8 @@ def devices_free(devices: QuerySet[Device]) -> int:
     many were freed."""
     now = timezone.now()
     held = list(
-        devices.select_for_update()
+        # of=self: PostgreSQL locks no row of the outer-joined team and user.
+        devices.select_for_update(of=("self",))
         .exclude(holder="")
         .select_related("holder_team", "holder_user")
         .order_by("pk")
