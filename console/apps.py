@@ -8,6 +8,7 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         from console import (
+            checks,  # noqa: F401  (registers the identity settings' checks)
             openapi,  # noqa: F401  (registers the API token's OpenAPI security scheme)
             signals,  # noqa: F401  (connects the audit receivers)
         )

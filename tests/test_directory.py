@@ -198,3 +198,24 @@ def test_the_pages_say_where_accounts_come_from(client, directory, make_user):
     user = User.objects.get(username="zhangwei")
     with pytest.raises(ValidationError):  # a second way in that the directory cannot end
         services.user_set_password(actor=admin, user=user, password="Another-pass-123")
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("LDAP_TEAM_MAP", "{not json", "LDAP_TEAM_MAP is not JSON"),
+        ("LDAP_TEAM_MAP", '{"cn=x": "nlp:boss"}', "expected “<team slug>:<role>”"),
+        ("LDAP_GROUP_TYPE", "groupOfFriends", "LDAP_GROUP_TYPE 'groupOfFriends' is none of"),
+        ("OIDC_TEAM_MAP", '["nlp"]', "OIDC_TEAM_MAP must be an object"),
+    ],
+)
+def test_a_malformed_identity_setting_stops_the_start_naming_it(settings, setting, value, message):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.LDAP_SERVER_URI = "ldap://127.0.0.1:9"
+    settings.LDAP_GROUP_SEARCH_BASE = "ou=groups,dc=example,dc=com"
+    settings.OIDC_ISSUER = "http://127.0.0.1:9"
+    setattr(settings, setting, value)
+    with pytest.raises(SystemCheckError, match=message):
+        call_command("check")
