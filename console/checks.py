@@ -20,5 +20,6 @@ def identity_settings(app_configs, **kwargs) -> list[Error]:
         try:
             check()
         except ImproperlyConfigured as exc:
-            errors.append(Error(str(exc), id="console.E001"))
+            if str(exc) not in {e.msg for e in errors}:
+                errors.append(Error(str(exc), id="console.E001"))
     return errors
