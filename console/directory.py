@@ -218,7 +218,7 @@ def directory_sync() -> SyncResult:
 def _directory_disabled(account: ExternalAccount) -> None:
     """The directory no longer has this person: the account is deactivated (sessions, tokens
     and Label Studio access end) and loses its mapped teams."""
-    user = get_user_model().objects.select_for_update().get(pk=account.user_id)
+    user = get_user_model().objects.select_for_update(no_key=True).get(pk=account.user_id)
     memberships_apply(user, set(), team_map(), by=ACTOR)
     user_set_active(actor=None, user=user, active=False, by=ACTOR)
     account.disabled_by_directory = True

@@ -257,8 +257,15 @@ class Device(models.Model):
     )
     held_since = models.DateTimeField(null=True, blank=True)
     # Who started what holds it (a job's creator): usage is accounted to them too.
+    # No database constraint: a claim (which holds its team's row) writing it must not wait on
+    # the user's row, which a submission holds while it inserts a job of the team (deadlock).
     holder_user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
     )
 
     class Meta:
@@ -277,10 +284,18 @@ class DeviceUse(models.Model):
     """Device time one holder used, recorded when it let its devices go (console/usage.py):
     what usage accounting and the device-hour quotas add up."""
 
-    team = models.ForeignKey(Team, null=True, on_delete=models.SET_NULL, related_name="+")
+    # No database constraints: a record written where devices are let go must take no lock on
+    # the team's or the user's row (their deletion is Django's SET_NULL all the same).
+    team = models.ForeignKey(
+        Team, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
     team_name = models.CharField(max_length=100)  # kept for chargeback after a team is gone
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
     )
     username = models.CharField(max_length=150, blank=True)
     holder = models.CharField(max_length=100, db_index=True)  # e.g. training_job:42:1

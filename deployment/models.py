@@ -251,9 +251,15 @@ class EndpointUsage(models.Model):
     up as the metrics are scraped (deployment/metrics.py): what usage accounting and
     chargeback read. Kept after the samples are pruned and after the endpoint is deleted."""
 
-    team = models.ForeignKey(Team, null=True, on_delete=models.SET_NULL, related_name="+")
+    # No database constraints: the metrics' scrape takes no lock on the team's or endpoint's
+    # row, which a deployment holds (their deletion is Django's SET_NULL all the same).
+    team = models.ForeignKey(
+        Team, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
     team_name = models.CharField(max_length=100)
-    endpoint = models.ForeignKey(Endpoint, null=True, on_delete=models.SET_NULL, related_name="+")
+    endpoint = models.ForeignKey(
+        Endpoint, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
     endpoint_name = models.CharField(max_length=60)
     adapter = models.CharField(max_length=60, blank=True, default="")
     month = models.DateField()  # its first day

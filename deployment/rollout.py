@@ -149,7 +149,7 @@ def endpoint_deploy(
     """A new endpoint serving ``model_version`` with all of its traffic."""
     _check_version(team, model_version)
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)
-    locked = Team.objects.select_for_update().get(pk=team.pk)
+    locked = Team.objects.select_for_update(no_key=True).get(pk=team.pk)
     _check_serving_quota(locked, endpoints=1, replicas=replicas)
     if not 1 <= max_inputs <= 256:
         raise ValidationError(_("Inputs per request must be between 1 and 256."))
@@ -223,7 +223,7 @@ def revision_add(
     engine: str = BUILTIN,
 ) -> Revision:
     """A canary: ``model_version`` takes ``weight`` % of the traffic once it is ready."""
-    team = Team.objects.select_for_update().get(pk=endpoint.team_id)
+    team = Team.objects.select_for_update(no_key=True).get(pk=endpoint.team_id)
     endpoint = _lock(endpoint)
     _check_version(endpoint.team, model_version, endpoint.task_kind)
     _check_knobs(device_type, replicas, max_batch_size, max_wait_ms, engine, model_version)

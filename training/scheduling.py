@@ -52,7 +52,9 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     job = TrainingJob.objects.select_related("team").filter(pk=job_id).first()
     if job is None:
         return None
-    Team.objects.select_for_update().get(pk=job.team_id)  # one claim per team at a time
+    # One claim per team at a time; NO KEY UPDATE: rows that only refer to the team (a job
+    # submitted meanwhile) are not held up by it.
+    Team.objects.select_for_update(no_key=True).get(pk=job.team_id)
     job = TrainingJob.objects.select_for_update().get(pk=job_id)
     if not job.is_active:
         return None
