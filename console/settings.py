@@ -385,6 +385,9 @@ TRAINING_MAX_CONCURRENT_PER_USER = env_int("TRAINING_MAX_CONCURRENT_PER_USER", 4
 # The longest a job may run, in hours from its start: its worker stops it and fails it past
 # that. A job may ask for less (max_hours), not more.
 TRAINING_MAX_HOURS = env_float("TRAINING_MAX_HOURS", 72.0, min=0)
+# How often a running job's worker checks its team's device-hour quota (seconds): once it is
+# used, the job pauses at the end of its epoch with a checkpoint and resumes when quota returns.
+TRAINING_QUOTA_CHECK_S = env_int("TRAINING_QUOTA_CHECK_S", 60, min=1)
 # A job whose worker was lost this many times fails instead of starting again.
 TRAINING_MAX_ATTEMPTS = env_int("TRAINING_MAX_ATTEMPTS", 3, min=1)
 # A job that spans nodes fails when its parts have not met (and started training) this soon.

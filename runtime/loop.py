@@ -11,6 +11,11 @@ after its worker died goes on from that step: the batches of each epoch are shuf
 Time budget (``max_minutes``): after a short warm-up the loop measures the seconds a step and a
 dev evaluation take and plans the steps that fit (``plan_steps``); they become the schedule's
 total, so the learning rate decays to zero within the budget, and the best weights are exported.
+
+Pause: the train worker asks a job to stop (its team's device-hour quota is used) by creating
+``PAUSE_REQUEST`` in the work directory; at the end of the epoch it is in (after the checkpoint),
+every process of the job agrees and the loop raises ``Paused``: the runner reports it and exits,
+and the job resumes from that checkpoint when it runs again.
 """
 
 import errno
@@ -33,6 +38,15 @@ from runtime.tokenizer import CharTokenizer
 
 CHECKPOINT, BEST = "checkpoint", "best"
 VOCAB = "vocab.txt"
+PAUSE_REQUEST = "pause-requested"
+
+
+class Paused(Exception):
+    """Training stopped at an epoch's end, its checkpoint saved, because the job was asked to."""
+
+    def __init__(self, step: int, epoch: int) -> None:
+        super().__init__(f"paused at step {step}, after epoch {epoch}")
+        self.step, self.epoch = step, epoch
 
 
 class ModelOps(Protocol):
@@ -442,12 +456,26 @@ class Progress:
 
     def epochs(self) -> Iterator[tuple[int, int]]:
         """The epochs left, each with how many of its steps a resumed job already did; none
-        once early stopping or the total of steps ended training."""
-        for epoch in range(self.state["epoch"], self.spec.hp.epochs):
+        once early stopping or the total of steps ended training. Between two epochs, a
+        pause asked for (``PAUSE_REQUEST``) raises ``Paused``: the checkpoint is that epoch's."""
+        first = self.state["epoch"]
+        for epoch in range(first, self.spec.hp.epochs):
             if self.stopped or self.state["step"] >= self.budget.total:
                 return
+            if epoch > first and self.pause_requested():
+                raise Paused(self.state["step"], epoch)
             self.epoch, self.last_report = epoch, 0.0
             yield epoch, self.state["step"] - epoch * self.budget.per_epoch
+
+    def pause_requested(self) -> bool:
+        """Whether the job was asked to pause, as every process of a multi-device job sees it:
+        each reads the request (the work directory is shared), and all take the largest answer
+        (an all-reduce), so that none goes on alone into the next epoch."""
+        asked = float((self.workdir / PAUSE_REQUEST).exists())
+        agree = getattr(self.ops, "agree_max", None)
+        if getattr(self.ops, "world", 1) > 1 and agree is not None:
+            asked = agree(asked)
+        return asked > 0
 
     def begin_step(self) -> float:
         """Before an optimizer step: its learning rate."""

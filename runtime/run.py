@@ -257,8 +257,15 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m runtime.run <workdir>", file=sys.stderr)
         return 2
+    from runtime.loop import Paused
+
     try:
         run(Path(argv[0]))
+    except Paused as paused:
+        # Asked to stop (the team's device-hour quota): the checkpoint is kept for the resume.
+        if not process_rank():
+            emit("paused", step=paused.step, epoch=paused.epoch)
+        return 0
     except Exception as exc:
         traceback.print_exc()
         sys.stderr.flush()

@@ -23,6 +23,7 @@ from jinja2 import TemplateError
 
 from console.hardware import placement_plan, profile
 from console.models import Membership, Team
+from console.quotas import team_storage_check
 from console.roles import Role
 from console.selectors import live_nodes_with
 from console.services import audit_record
@@ -41,7 +42,7 @@ from runtime.presets import (
 )
 from runtime.spec import Hyperparameters
 from training import storage
-from training.models import BaseModel, TrainingJob
+from training.models import BaseModel, TrainingEvent, TrainingJob
 from training.selectors import base_model_named
 
 
@@ -574,9 +575,75 @@ def _revoke(task_id: str) -> None:
     app.control.revoke(task_id)
 
 
+def training_job_pause(
+    job: TrainingJob, *, reason: str, step: int, epoch: int, kept: list[Path]
+) -> bool:
+    """The runner paused at the end of ``epoch`` (its team's device-hour quota used, ``reason``
+    saying the quota, the use and when it resets): ``kept`` (its checkpoint and best weights)
+    go to storage, so that any node of its device type resumes it, and the job is queued
+    again; it waits for its quota like any job, and is audited. Returns whether the
+    checkpoint was stored: past the team's storage quota it stays on this node only (the job
+    resumes from it here, or starts again elsewhere)."""
+    files: dict[str, dict] = {}
+    note = ""
+    try:
+        team_storage_check(job.team, sum(storage.dir_size(path) for path in kept))
+    except ValidationError as exc:
+        note = " ".join(exc.messages)
+    else:
+        storage.delete_prefix(job.resume_prefix, job.resume_files)
+        for path in kept:
+            stored = storage.store_dir(path, f"{job.resume_prefix}{path.name}/")
+            files.update({f"{path.name}/{rel}": meta for rel, meta in stored.items()})
+    message = _(
+        "Paused after epoch %(epoch)d (step %(step)d) with its checkpoint; it resumes from there "
+        "when the team's quota allows."
+    ) % {"epoch": epoch, "step": step}
+    if note:
+        message += " " + _("Its checkpoint stays on node %(node)s: %(note)s") % {
+            "node": job.node,
+            "note": note,
+        }
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        job.status = TrainingJob.Status.QUEUED
+        job.paused_at = timezone.now()
+        job.resume_files = files
+        job.waiting_reason = reason[:300]
+        job.phase = ""
+        job.eta_s = None
+        # A new task under a new id: this one is still running (it releases the devices).
+        job.celery_task_id = uuid.uuid4().hex
+        job.save(
+            update_fields=[
+                "status", "paused_at", "resume_files", "waiting_reason", "phase", "eta_s",
+                "celery_task_id",
+            ]
+        )  # fmt: skip
+        TrainingEvent.objects.create(
+            job=job, kind="log", attempt=job.attempts, data={"message": message}
+        )
+        audit_record(
+            action="training.job_paused",
+            actor=None,
+            actor_username="system",
+            team=job.team,
+            target=job,
+            data={"step": step, "epoch": epoch, "reason": reason[:500], "stored": bool(files)},
+        )
+        transaction.on_commit(lambda: training_job_enqueue(job, countdown=5))
+    return bool(files)
+
+
 def training_job_finish(job: TrainingJob, status: str, error: str = "") -> None:
     """The job's end (succeeded, failed with ``error``, cancelled), audited as the system's:
-    called by the worker that ran it and by the claim that finds it over."""
+    called by the worker that ran it and by the claim that finds it over. A paused job's
+    stored checkpoint is deleted."""
+    if job.resume_files:
+        storage.delete_prefix(job.resume_prefix, job.resume_files)
+        job.resume_files = {}
+        job.paused_at = None
+        TrainingJob.objects.filter(pk=job.pk).update(resume_files={}, paused_at=None)
     job.status = status
     job.error = error
     job.finished_at = timezone.now()

@@ -163,6 +163,12 @@ class TrainingJob(Created):
     samples_per_s = models.FloatField(null=True, blank=True)
     eta_s = models.FloatField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # Paused at an epoch's end (its team's device-hour quota used): since when, the seconds it
+    # spent paused before (they do not count against max_hours), and its checkpoint and best
+    # weights kept in storage under ``resume_prefix`` for whichever node resumes it.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_s = models.FloatField(default=0)
+    resume_files = models.JSONField(default=dict, blank=True)
     first_step_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -178,6 +184,10 @@ class TrainingJob(Created):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
+
+    @property
+    def resume_prefix(self) -> str:
+        return f"jobs/{self.pk}/resume/"
 
     @property
     def progress_percent(self) -> int:

@@ -129,6 +129,9 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     job.rendezvous = ""
     job.pid = os.getpid()
     job.started_at = job.started_at or now
+    if job.paused_at is not None:  # resumed: its pause does not count against max_hours
+        job.paused_s += max(0.0, (now - job.paused_at).total_seconds())
+        job.paused_at = None
     job.heartbeat_at = now
     job.waiting_reason = ""
     job.phase = "preparing"

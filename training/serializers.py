@@ -83,6 +83,7 @@ class JobSerializer(serializers.ModelSerializer):
             "status",
             "phase",
             "waiting_reason",
+            "paused_at",
             "error",
             "dataset",
             "dataset_id",

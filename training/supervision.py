@@ -1,8 +1,9 @@
 """The train worker's run of a claimed job: its work directory prepared (spec, the version's
-rows by split, the base model's files), the runner started and supervised (its events stored,
-cancel, the maximum run time, parts that never meet), its outputs taken back from the runner's
-user and the model version registered; and, for a job that spans nodes, its part on each other
-node."""
+rows by split, the base model's files, a paused job's checkpoint), the runner started and
+supervised (its events stored, cancel, the maximum run time, parts that never meet, the team's
+device-hour quota: a pause at the epoch's end), its outputs taken back from the runner's user
+and the model version registered, or a paused job's checkpoint kept; and, for a job that spans
+nodes, its part on each other node."""
 
 import json
 import os
@@ -23,8 +24,10 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.hardware import profile
+from console.usage import device_hours_check
 from runtime import sandbox
 from runtime.compress import PARENT_DIR
+from runtime.loop import BEST, CHECKPOINT, PAUSE_REQUEST
 from runtime.net import free_port
 from runtime.run import EVENT_PREFIX
 from runtime.spec import Hyperparameters, JobSpec
@@ -32,7 +35,7 @@ from runtime.targets import TARGETS_DIR
 from training import storage
 from training.base_models import base_model_from_job
 from training.evaluations import evaluation_register
-from training.jobs import training_job_finish
+from training.jobs import training_job_finish, training_job_pause
 from training.launch import die_with_parent, runner_device, runner_popen_args, runner_sandbox
 from training.models import TrainingEvent, TrainingJob
 from training.registry import model_version_register
@@ -51,8 +54,14 @@ def _prepare_workdir(job: TrainingJob, workdir: Path) -> None:
     if workdir.exists():
         sandbox.take_back(runner_sandbox(job), workdir, also=_earlier_attempts(job))
     workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / PAUSE_REQUEST).unlink(missing_ok=True)
     base_dir = workdir / "base"
     beat = _beater(job)
+    if job.resume_files and not (workdir / CHECKPOINT / "state.json").is_file():
+        # A paused job resumed on this node: its checkpoint and best weights from storage.
+        for name in (CHECKPOINT, BEST):
+            shutil.rmtree(workdir / name, ignore_errors=True)
+        storage.fetch_dir(job.resume_prefix, job.resume_files, workdir, beat)
     JobSpec(
         job_id=job.pk,
         task_kind=job.task_kind,
@@ -156,7 +165,7 @@ class _Supervisor:
         # fails with the reason.
         self.max_hours = job.max_hours or settings.TRAINING_MAX_HOURS
         self.deadline = (job.started_at or timezone.now()) + timezone.timedelta(
-            hours=self.max_hours
+            hours=self.max_hours, seconds=job.paused_s
         )
         self.timed_out = False
         # Whom the runner runs as: once it exits, every process left of its own uid is killed
@@ -165,6 +174,12 @@ class _Supervisor:
         # A trial of a hyperparameter search reported a dev metric: its sweep's pruner is
         # asked, once the event is stored, whether it goes on.
         self.dev_reported = False
+        # The team's device-hour quota, checked every TRAINING_QUOTA_CHECK_S: once used, the
+        # runner is asked to pause at its epoch's end (why, in ``pausing``), and says it did.
+        self.quota_checked = time.monotonic()
+        self.pausing = ""
+        self.paused: dict[str, Any] | None = None
+        self.workdir: Path | None = None
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
@@ -196,6 +211,8 @@ class _Supervisor:
             self.joined = self.joined or event["phase"] == "training"
         if kind == "error":
             self.error = event.get("message", "")
+        if kind == "paused":
+            self.paused = event
         if kind == "metrics" and event.get("split") == "dev" and self.job.sweep_id:
             self.dev_reported = True
         self._event(kind, event)
@@ -266,6 +283,13 @@ class _Supervisor:
                 if (self.cancelled or self.superseded) and killed_at is None:
                     killed_at = now
                     _signal_group(proc, signal.SIGTERM)
+                if (
+                    killed_at is None
+                    and not self.pausing
+                    and now - self.quota_checked >= settings.TRAINING_QUOTA_CHECK_S
+                ):
+                    self.quota_checked = now
+                    self.check_quota()
                 if killed_at is None and timezone.now() >= self.deadline:
                     self.timed_out = True
                     self.error = _(
@@ -298,6 +322,32 @@ class _Supervisor:
         self.flush()
         return rc
 
+    def check_quota(self) -> None:
+        """Once the team's device-hours of the month are used (this job's own hold counts up to
+        now), the runner is asked to pause at the end of its epoch."""
+        reason = device_hours_check(self.job.team, self.job.device_type)
+        if not reason or self.workdir is None:
+            return
+        try:
+            # The work directory is the runner's: a new file, never through a link it made.
+            fd = os.open(
+                self.workdir / PAUSE_REQUEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            )
+            os.close(fd)
+        except FileExistsError:
+            pass
+        self.pausing = reason
+        self._event(
+            "log",
+            {
+                "message": _(
+                    "The team's device-hour quota is used; the job pauses at the end of this "
+                    "epoch with a checkpoint. %(reason)s"
+                )
+                % {"reason": reason}
+            },
+        )
+
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
@@ -310,6 +360,7 @@ def training_job_execute(job: TrainingJob) -> None:
     """Run a claimed job to its end: prepare, supervise the runner, register the model."""
     workdir = job_workdir(job)
     sup = _Supervisor(job)
+    sup.workdir = workdir
     try:
         sup.user = runner_sandbox(job)
         _prepare_workdir(job, workdir)
@@ -362,6 +413,9 @@ def training_job_execute(job: TrainingJob) -> None:
         tail = "\n".join(sup.log_tail)
         training_job_finish(job, TrainingJob.Status.FAILED, f"{reason}\n\n{tail}".strip())
         return
+    if sup.paused is not None:
+        _pause(job, sup, workdir)
+        return
     try:
         # What the runner (another user) left is read as the platform: no links out of it.
         if job.objective == TrainingJob.Objective.EVALUATE:
@@ -384,6 +438,29 @@ def training_job_execute(job: TrainingJob) -> None:
         )
         return
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _pause(job: TrainingJob, sup: _Supervisor, workdir: Path) -> None:
+    """The runner paused at an epoch's end: its checkpoint and best weights are kept in storage
+    (any node may resume the job), and the job is queued again, waiting for its quota."""
+    kept = [workdir / name for name in (CHECKPOINT, BEST) if (workdir / name).exists()]
+    paused = sup.paused or {}
+    try:
+        sandbox.check_outputs(sup.user, kept)
+        stored = training_job_pause(
+            job,
+            reason=sup.pausing or device_hours_check(job.team, job.device_type),
+            step=int(paused.get("step") or 0),
+            epoch=int(paused.get("epoch") or 0),
+            kept=kept,
+        )
+    except Exception as exc:
+        training_job_finish(
+            job, TrainingJob.Status.FAILED, _("Pausing the job failed: %(e)s") % {"e": exc}
+        )
+        return
+    if stored:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _start_parts(job: TrainingJob, sup: "_Supervisor") -> None:

@@ -1,15 +1,18 @@
-"""Early stopping (on by default) and a job's time budget (``max_minutes``): the plan of the steps
-that fit as a pure function, and the shared loop with the paddle backend's real ops through the
-runner, which exports the best checkpoint (no Django)."""
+"""Early stopping (on by default), a job's time budget (``max_minutes``) and a pause asked for
+(its team's quota): the plan of the steps that fit as a pure function, and the shared loop with
+the paddle backend's real ops through the runner, which exports the best checkpoint (no
+Django)."""
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import runtime.run as runner
-from runtime.loop import BEST, CHECKPOINT, plan_steps
+from runtime.loop import BEST, CHECKPOINT, PAUSE_REQUEST, plan_steps
 from runtime.spec import Hyperparameters
 from tests.helpers.workdir import make_workdir
 
@@ -131,3 +134,47 @@ def test_a_time_budget_cuts_the_epochs_and_exports_the_best(tmp_path: Path, even
     again = runner.run(workdir)
     assert again["steps"] == evaluation["steps"]
     assert [k for k, _ in events].count("loss") == 0
+
+
+def _run_apart(workdir: Path) -> list[tuple[str, dict]]:
+    """The runner in a process of its own, as the train worker starts it (a framework's names
+    are per process: a resume is always a new one); its events."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.run", str(workdir)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = []
+    for line in done.stdout.splitlines():
+        if line.startswith(runner.EVENT_PREFIX):
+            event = json.loads(line[len(runner.EVENT_PREFIX) :])
+            event.pop("t")
+            found.append((event.pop("kind"), event))
+    return found
+
+
+def test_a_pause_asked_for_stops_at_the_epochs_end_and_the_next_run_resumes(
+    tmp_path: Path,
+) -> None:
+    workdir, spec = make_workdir(
+        tmp_path, "text_classification", sizes=(32, 8, 8), epochs=3, early_stopping_patience=0
+    )
+    spec.backend = "paddle"
+    spec.save(workdir)
+    (workdir / PAUSE_REQUEST).touch()  # asked before the first epoch ends: it ends it first
+    events = _run_apart(workdir)
+    per_epoch = 4
+    assert ("paused", {"step": per_epoch, "epoch": 1}) in events
+    assert json.loads((workdir / CHECKPOINT / "state.json").read_text())["step"] == per_epoch
+    assert (workdir / BEST / "state.json").is_file()
+    assert not (workdir / "export").exists()  # nothing exported: training is not over
+
+    (workdir / PAUSE_REQUEST).unlink()
+    events = _run_apart(workdir)
+    assert ("resumed", {"step": per_epoch, "epoch": 1}) in events
+    steps = [d["step"] for k, d in events if k == "loss"]
+    assert min(steps) > per_epoch and max(steps) == 3 * per_epoch
+    assert (workdir / "export" / "manifest.json").is_file()

@@ -40,3 +40,30 @@ def test_an_owner_neither_sets_quotas_nor_sees_another_teams_usage(
     assert client.get(reverse("console:usage", args=[victim.slug])).status_code == 404
     csv = client.get(reverse("console:usage", args=[team.slug]) + "?format=csv").content.decode()
     assert "#1 mine" in csv and "secret-project" not in csv
+
+
+def test_a_runner_cannot_turn_the_pause_request_into_a_write_elsewhere(
+    tmp_path, team, owner, make_user
+):
+    """The worker asks a job to pause by creating a file in the runner's own work directory:
+    a link the runner put there in advance is never followed (nothing is created at its
+    target), and the pause is still asked for."""
+    from labeling.datasets import dataset_create
+    from tests.helpers.data import version_for
+    from training.jobs import training_job_submit
+    from training.supervision import _Supervisor
+
+    team.device_hours_quota = {"cpu": 0}  # used up
+    team.save()
+    dataset = dataset_create(actor=owner, team=team, name="d", task_kind="text_classification")
+    job = training_job_submit(actor=owner, team=team, dataset_version=version_for(dataset, owner))
+    target = tmp_path / "outside" / "made-by-the-platform"
+    target.parent.mkdir()
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    (workdir / "pause-requested").symlink_to(target)
+    supervisor = _Supervisor(job)
+    supervisor.workdir = workdir
+    supervisor.check_quota()
+    assert supervisor.pausing
+    assert not target.exists() and (workdir / "pause-requested").is_symlink()

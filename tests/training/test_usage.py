@@ -4,6 +4,7 @@ waits, saying why."""
 
 import csv
 import io
+import time
 
 import pytest
 from django.conf import settings
@@ -195,3 +196,57 @@ def test_fair_share_never_holds_a_job_for_one_that_could_not_start(heavy_and_lig
     light.device_hours_quota = {"npu": 0}  # the light team may not use npu at all this month
     light.save()
     assert training_job_claim(heavy_job.pk, "w").status == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("train_worker")
+def test_a_running_job_past_its_device_hours_pauses_at_its_epoch_end_and_resumes(
+    team, owner, make_user, make_dataset
+):
+    """The suite's train worker runs the job (a CPU of its node): the team may use 0.002
+    CPU device-hours (7 s) this month; the job crosses them while it trains, finishes its
+    epoch, keeps its checkpoint in storage and waits, and resumes from it once staff raise
+    the quota, losing no step."""
+    from django.core.files.storage import default_storage
+
+    from console.models import AuditEvent
+    from tests.helpers.jobs import wait_for
+
+    staff = make_user("site-admin", is_staff=True)
+    quota = {"team": team.slug, "device_hours_quota": {"cpu": 0.002}}
+    assert api(staff).post("/api/v1/quotas/", quota, format="json").status_code == 200
+    job = training_job_submit(
+        actor=owner,
+        team=team,
+        dataset_version=make_dataset(n=160),
+        hyperparameters={"epochs": 30, "batch_size": 8, "early_stopping_patience": 0},
+    )
+    job = wait_for(job, until=lambda j: j.paused_at is not None, timeout=240)
+    assert job.status == "queued", job.error
+    paused = job.events.get(kind="paused")
+    per_epoch = job.total_steps // job.epochs
+    assert paused.data["step"] == paused.data["epoch"] * per_epoch > 0  # at an epoch's end
+    # The worker's words (in the site's language): the quota and the day it resets.
+    reset = usage.next_month(usage.month_start()).date().isoformat()
+    assert "0.002" in job.waiting_reason and reset in job.waiting_reason
+    assert default_storage.exists(job.resume_prefix + "checkpoint/state.json")
+    assert not Device.objects.filter(holder__startswith=f"training_job:{job.pk}:").exists()
+    assert AuditEvent.objects.filter(action="training.job_paused", target_id=str(job.pk)).exists()
+    used = DeviceUse.objects.filter(holder__startswith=f"training_job:{job.pk}:").get()
+    assert used.device_hours >= 0.002
+
+    time.sleep(3)  # the claim keeps it waiting while the quota is used
+    job.refresh_from_db()
+    assert job.status == "queued" and job.attempts == 1
+
+    quota["device_hours_quota"] = {"cpu": 10}
+    api(staff).post("/api/v1/quotas/", quota, format="json")
+    job = wait_for(job, timeout=240)
+    assert job.status == "succeeded", job.error
+    resumed = job.events.get(kind="resumed")
+    assert resumed.attempt == 2 and resumed.data["step"] == paused.data["step"]
+    assert job.step == job.total_steps  # every step, none trained twice
+    steps = [e.data["step"] for e in job.events.filter(kind="loss", attempt=2)]
+    assert steps and min(steps) > paused.data["step"]
+    assert job.resume_files == {} and job.paused_at is None and job.paused_s > 0
+    assert not default_storage.exists(job.resume_prefix + "checkpoint/state.json")
