@@ -28,9 +28,10 @@ from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.dispatch import receiver
 from django.utils import timezone
 from django_auth_ldap import config
-from django_auth_ldap.backend import LDAPBackend, _LDAPUser, ldap_error
+from django_auth_ldap.backend import LDAPBackend, _LDAPUser, ldap_error, populate_user
 from django_auth_ldap.config import LDAPSearch, LDAPSettings
 
 from console.identity import memberships_apply, parse_team_map
@@ -144,6 +145,17 @@ class DirectoryBackend(LDAPBackend):
         if user is not None:
             user = directory_apply(user, ldap_user)
         return user
+
+
+@receiver(populate_user, sender=DirectoryBackend)
+def _fit_fields(sender, user: AbstractBaseUser, ldap_user, **kwargs) -> None:
+    """Names and email as the directory gives them, cut to what the account's fields hold: a
+    longer value must not fail the login."""
+    for name in settings.LDAP_USER_ATTR_MAP:
+        value = getattr(user, name, None)
+        limit = user._meta.get_field(name).max_length
+        if isinstance(value, str) and limit and len(value) > limit:
+            setattr(user, name, value[:limit])
 
 
 @transaction.atomic

@@ -99,18 +99,28 @@ class Use:
     device_hours: float
 
 
-def month_uses(start: datetime, team: Team | None = None) -> list[Use]:
-    """Every use of the month that starts at ``start`` (of one team, or all), each cut to
-    the month; holds still running count up to now."""
-    end, now = next_month(start), timezone.now()
+def uses_between(
+    start: datetime,
+    end: datetime,
+    *,
+    team_ids: list[int] | None = None,
+    device_type: str = "",
+) -> list[Use]:
+    """Every use between ``start`` and ``end`` (of some teams, or all; of one device type, or
+    all), each cut to that window; holds still running count up to now."""
+    now = timezone.now()
 
     def within(a: datetime, b: datetime) -> float:
         return max(0.0, (min(b, end) - max(a, start)).total_seconds()) / 3600
 
     closed = DeviceUse.objects.filter(started_at__lt=end, ended_at__gt=start)
     running = Device.objects.exclude(holder="").filter(held_since__lt=end)
-    if team is not None:
-        closed, running = closed.filter(team=team), running.filter(holder_team=team)
+    if team_ids is not None:
+        closed = closed.filter(team_id__in=team_ids)
+        running = running.filter(holder_team_id__in=team_ids)
+    if device_type:
+        closed = closed.filter(device_type=device_type)
+        running = running.filter(device_type=device_type)
     uses = [
         Use(u.team_id, u.team_name, u.username, u.label, u.device_type,
             u.devices * within(u.started_at, u.ended_at))
@@ -128,6 +138,11 @@ def month_uses(start: datetime, team: Team | None = None) -> list[Use]:
             )
         )
     return [u for u in uses if u.device_hours > 0]
+
+
+def month_uses(start: datetime, team: Team | None = None) -> list[Use]:
+    """Every use of the month that starts at ``start`` (of one team, or all)."""
+    return uses_between(start, next_month(start), team_ids=None if team is None else [team.pk])
 
 
 def summary(uses: list[Use], by: str) -> list[tuple[tuple, float]]:
@@ -209,7 +224,8 @@ def monthly_hours(team: Team, months: int = 6) -> list[dict]:
 
 def device_hours_used(team: Team, device_type: str, start: datetime | None = None) -> float:
     start = start or month_start()
-    return sum(u.device_hours for u in month_uses(start, team) if u.device_type == device_type)
+    uses = uses_between(start, next_month(start), team_ids=[team.pk], device_type=device_type)
+    return sum(u.device_hours for u in uses)
 
 
 def device_hours_quota(team: Team, device_type: str) -> float | None:
@@ -252,14 +268,7 @@ def recent_device_hours(team_ids: list[int], device_type: str) -> dict[int, floa
     now = timezone.now()
     since = now - timezone.timedelta(days=FAIR_SHARE_DAYS)
     hours = dict.fromkeys(team_ids, 0.0)
-    closed = DeviceUse.objects.filter(
-        team_id__in=team_ids, device_type=device_type, ended_at__gt=since
-    )
-    for u in closed:
-        hours[u.team_id] += u.devices * (u.ended_at - max(u.started_at, since)).total_seconds()
-    running = Device.objects.filter(
-        holder_team_id__in=team_ids, device_type=device_type, held_since__isnull=False
-    )
-    for d in running:
-        hours[d.holder_team_id] += (now - max(d.held_since, since)).total_seconds()
-    return {team: seconds / 3600 for team, seconds in hours.items()}
+    for u in uses_between(since, now, team_ids=team_ids, device_type=device_type):
+        if u.team_id in hours:
+            hours[u.team_id] += u.device_hours
+    return hours

@@ -83,6 +83,15 @@ def test_nested_groups_and_the_strongest_role_and_site_staff(client, directory, 
     assert memberships("chenjing") == {}
 
 
+def test_names_longer_than_an_account_holds_are_cut_not_refused(client, directory, new_person):
+    name = "欧阳" + "长" * 198  # 200 characters: givenName 199, displayName 200
+    new_person("ouyang", name, "nlp-engineers")
+    assert login(client, "ouyang").status_code == 302 and logged_in(client)
+    user = User.objects.get(username="ouyang")
+    assert user.first_name == name[1:151] and user.last_name == "欧"
+    assert ExternalAccount.objects.get(user=user).display_name == name[:150]
+
+
 def test_wrong_password_disabled_person_and_unknown_name_are_refused(client, directory):
     for username, password in [
         ("zhangwei", "wrong"),

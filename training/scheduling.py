@@ -9,6 +9,7 @@ import uuid
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -162,15 +163,20 @@ def _fair_share(job: TrainingJob) -> str:
     free_here = Device.objects.filter(
         node__name=settings.NODE_NAME, device_type=job.device_type, holder=""
     ).count()
+    running = dict(
+        TrainingJob.objects.filter(
+            team__in={r.team_id for r in rivals}, status=TrainingJob.Status.RUNNING
+        )
+        .values_list("team")
+        .annotate(n=Count("pk"))
+        .values_list("team", "n")
+    )
     for rival in rivals:
         if (used[rival.team_id], rival.team_id) >= (used[job.team_id], job.team_id):
             continue
-        running = TrainingJob.objects.filter(
-            team=rival.team_id, status=TrainingJob.Status.RUNNING
-        ).count()
         if (
             rival.device_count <= free_here
-            and running < concurrency_limit(rival.team)
+            and running.get(rival.team_id, 0) < concurrency_limit(rival.team)
             and not device_hours_check(rival.team, rival.device_type)
         ):
             return _(
