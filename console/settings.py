@@ -385,6 +385,10 @@ TRAINING_MAX_CONCURRENT_PER_USER = env_int("TRAINING_MAX_CONCURRENT_PER_USER", 4
 # The longest a job may run, in hours from its start: its worker stops it and fails it past
 # that. A job may ask for less (max_hours), not more.
 TRAINING_MAX_HOURS = env_float("TRAINING_MAX_HOURS", 72.0, min=0)
+# Prometheus's /metrics (console and serving hosts): with a token, only a scrape that presents
+# it (Authorization: Bearer); without, only from these networks (comma-separated).
+METRICS_TOKEN = env_str("PLATFORM_METRICS_TOKEN")
+METRICS_ALLOW = env_str("PLATFORM_METRICS_ALLOW") or "127.0.0.1/32,::1/128"
 # How often a running job's worker checks its team's device-hour quota (seconds): once it is
 # used, the job pauses at the end of its epoch with a checkpoint and resumes when quota returns.
 TRAINING_QUOTA_CHECK_S = env_int("TRAINING_QUOTA_CHECK_S", 60, min=1)

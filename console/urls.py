@@ -85,6 +85,7 @@ api_v1 = [
 
 urlpatterns = [
     path("i18n/setlang/", set_language, name="set_language"),
+    path("metrics", views.metrics, name="metrics"),  # Prometheus's default path
     path("api/v1/", include((api_v1, "api"))),
     path("", include((console_pages, "console"))),
     path("", include("labeling.urls")),

@@ -30,6 +30,7 @@ from console.forms import (
     UserForm,
     error_text,
 )
+from console.middleware import request_ip
 from console.models import Team
 from console.pagination import paginate, render_page
 from console.permissions import team_view
@@ -95,6 +96,26 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def health_panel(request: HttpRequest) -> HttpResponse:
     """The health panel of the dashboard, refreshed by htmx."""
     return render(request, "console/_health.html", {"checks": health.platform_health()})
+
+
+@never_cache
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The platform's figures for Prometheus (console.metrics), to the token or the networks
+    configured (PLATFORM_METRICS_TOKEN, PLATFORM_METRICS_ALLOW); 404 to anyone else. The
+    address is the client's as the trusted proxies say (a scrape through nginx from outside
+    is not loopback's)."""
+    from console.metrics import PlatformCollector
+    from serving.prometheus import CONTENT_TYPE, exposition, scrape_allowed
+
+    allowed = scrape_allowed(
+        request.headers.get("authorization", ""),
+        request_ip(request) or "",
+        settings.METRICS_TOKEN,
+        settings.METRICS_ALLOW,
+    )
+    if not allowed:
+        raise Http404
+    return HttpResponse(exposition(PlatformCollector()), content_type=CONTENT_TYPE)
 
 
 @login_required

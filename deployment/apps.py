@@ -8,10 +8,12 @@ class DeploymentConfig(AppConfig):
     console_nav = [("deployment:endpoints", _("Endpoints"))]
 
     def ready(self) -> None:
+        from console.metrics import collectors
         from console.usage import serving_usage
-        from deployment.metrics import endpoint_usage
+        from deployment.metrics import endpoint_usage, serving_metrics
         from deployment.rollout import refuse_deleting_served_version
         from training.registry import model_version_delete_checks
 
         model_version_delete_checks.append(refuse_deleting_served_version)
         serving_usage.append(endpoint_usage)
+        collectors.append(serving_metrics)

@@ -3,12 +3,14 @@
 after ``SERVING_METRICS_RETENTION_DAYS``. Reads of them are in ``selectors.endpoint_metrics``."""
 
 import logging
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from console.models import Team
 from deployment.hosts import HostClient, HostError
@@ -137,3 +139,17 @@ def endpoint_usage(team: Team | None, start) -> list[dict]:
         }
         for r in rows.order_by("team_name", "endpoint_name", "adapter")
     ]
+
+
+def serving_metrics() -> Iterator[Metric]:
+    """For Prometheus (console.metrics.collectors): endpoints, and each serving host as the
+    platform last reached it (each host's own /metrics has its requests and latency)."""
+    yield GaugeMetricFamily("platform_endpoints", "Endpoints.", value=Endpoint.objects.count())
+    reachable = GaugeMetricFamily(
+        "platform_serving_host_reachable",
+        "Whether the platform reached the serving host at its last check.",
+        labels=["host"],
+    )
+    for url, ok in ServingHost.objects.values_list("url", "reachable"):
+        reachable.add_metric([url], float(ok))
+    yield reachable

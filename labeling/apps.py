@@ -9,8 +9,11 @@ class LabelingConfig(AppConfig):
     health_checks = ["labeling.label_studio.check_health"]
 
     def ready(self) -> None:
+        from console.metrics import collectors
         from console.quotas import storage_counters
         from labeling import signals  # noqa: F401 - connects the receivers
+        from labeling.metrics import labeling_metrics
         from labeling.selectors import team_upload_bytes
 
         storage_counters["uploads"] = team_upload_bytes
+        collectors.append(labeling_metrics)

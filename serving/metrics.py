@@ -35,12 +35,17 @@ class Series:
     latency: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_MS) + 1))
     # Generative endpoints: time to the first token, on the same buckets.
     ttft: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_MS) + 1))
+    # The sums of what was observed (ms): Prometheus's histograms carry them.
+    latency_sum_ms: float = 0.0
+    ttft_sum_ms: float = 0.0
 
     def observe(self, latency_ms: float) -> None:
         self.latency[bisect.bisect_left(BUCKETS_MS, latency_ms)] += 1
+        self.latency_sum_ms += latency_ms
 
     def observe_ttft(self, ttft_ms: float) -> None:
         self.ttft[bisect.bisect_left(BUCKETS_MS, ttft_ms)] += 1
+        self.ttft_sum_ms += ttft_ms
 
     def as_dict(self) -> dict:
         return {**self.counts, "latency": list(self.latency), "ttft": list(self.ttft)}

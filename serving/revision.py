@@ -88,6 +88,8 @@ class Revision:
         self.load_s: float | None = None
         self.batches = 0
         self.batched_inputs = 0
+        # Seconds the batched inputs waited in the queue, added up (a mean with batched_inputs).
+        self.queue_wait_s = 0.0
         # The export the predictor processes read (a staged copy where they run as another user).
         self.staged: Path | None = None
         # Whom its processes run as (a uid of its own where the host is root), claimed at load.
@@ -187,6 +189,8 @@ class Revision:
                 batch.append(await asyncio.wait_for(self.queue.get(), timeout))
             except TimeoutError:
                 break
+        now = time.monotonic()
+        self.queue_wait_s += sum(now - p.arrived for p in batch)
         return [p for p in batch if p.wanted()]
 
     async def _serve(self, index: int) -> None:

@@ -10,6 +10,9 @@ os.environ.setdefault("SERVING_SECRET", "test-serving-secret-0123456789")
 # The suite's jobs make the ONNX target only: the lite one (seconds and some 100 MB a fast
 # model) has tests of its own (tests/runtime/test_lite.py, tests/training/test_lite_target.py).
 os.environ.setdefault("PLATFORM_EXPORT_TARGETS", "onnx")
+# Prometheus's /metrics ask for a token (tests/test_prometheus.py); the console's address rule
+# without one is tested with the setting emptied (tests/security/test_metrics.py).
+os.environ.setdefault("PLATFORM_METRICS_TOKEN", "test-metrics-token-0123456789")
 # A running job's quota is checked every second, not every minute (tests/training/test_usage.py).
 os.environ.setdefault("TRAINING_QUOTA_CHECK_S", "1")
 if "SERVING_PORT" not in os.environ:

@@ -13,9 +13,16 @@ PAGES = [
     for r in routes()
     if not r.is_api
     and r.kwargs in ((), ("team",))
-    # Not pages: a POST, and the single sign-on's redirects (tests/test_sso.py).
+    # Not pages: a POST, the single sign-on's redirects (tests/test_sso.py), Prometheus's
+    # figures (tests/test_prometheus.py).
     and r.name
-    not in {"console:logout", "set_language", "console:oidc_login", "console:oidc_callback"}
+    not in {
+        "console:logout",
+        "set_language",
+        "console:oidc_login",
+        "console:oidc_callback",
+        "metrics",
+    }
 ]
 
 

@@ -22,6 +22,9 @@ PUBLIC = {
     "console:oidc_callback",
     "set_language",
     "labeling:label_studio_webhook",
+    # Prometheus's: the metrics token or the allowed networks instead of a login
+    # (tests/security/test_metrics.py).
+    "metrics",
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 

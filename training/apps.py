@@ -13,8 +13,11 @@ class TrainingConfig(AppConfig):
     ]
 
     def ready(self) -> None:
+        from console.metrics import collectors
         from console.quotas import storage_counters
+        from training.metrics import job_metrics
         from training.selectors import team_base_model_bytes, team_model_version_bytes
 
         storage_counters["base_models"] = team_base_model_bytes
         storage_counters["model_versions"] = team_model_version_bytes
+        collectors.append(job_metrics)

@@ -1,0 +1,216 @@
+"""The platform as an operator's Prometheus sees it: a real Prometheus server (Debian's package)
+started with the shipped configuration and rules (platform/monitoring/, its intervals shortened)
+scrapes the console and the suite's serving host with the metrics token, and the test reads
+the series through Prometheus's HTTP API; a node that stopped beating fires its alert; every
+panel of the shipped Grafana dashboard is a query Prometheus answers."""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import requests
+import yaml
+from django.conf import settings
+from django.utils import timezone
+
+from console import hardware
+from console.models import Node
+from console.services import node_register
+from runtime.net import free_port
+from tests.helpers.serving import KEY, load, route
+from tests.helpers.system import ROOT
+
+MONITORING = ROOT / "platform" / "monitoring"
+PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _needs(binary: str) -> None:
+    if not Path(binary).exists():
+        message = f"{binary} is missing (apt-get install prometheus; make install-test does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, expr: str) -> list[dict]:
+        answer = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+        body = answer.json()
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def wait(self, what, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while True:
+            found = what()
+            if found:
+                return found
+            assert time.monotonic() < deadline, f"not seen in {timeout} s: {what.__doc__}"
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def prometheus(tmp_path, live_server, serving_host):
+    """Prometheus with the shipped configuration, rules and dashboard's queries: targets the
+    test's console and serving host, the token in metrics.token, intervals of a few seconds."""
+    _needs(PROMETHEUS)
+    conf = tmp_path / "monitoring"
+    shutil.copytree(MONITORING, conf, ignore=shutil.ignore_patterns("metrics.token"))
+    config = yaml.safe_load((conf / "prometheus.yml").read_text())
+    config["global"] = {
+        "scrape_interval": "3s",
+        "scrape_timeout": "3s",
+        "evaluation_interval": "1s",
+    }
+    (conf / "prometheus.yml").write_text(yaml.safe_dump(config))
+    (conf / "metrics.token").write_text(settings.METRICS_TOKEN)
+    (conf / "metrics.token").chmod(0o600)
+    console = urlparse(live_server.url).netloc
+    (conf / "targets" / "console.yml").write_text(json.dumps([{"targets": [console]}]))
+    serving = f"127.0.0.1:{serving_host.port}"
+    (conf / "targets" / "serving.yml").write_text(json.dumps([{"targets": [serving]}]))
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={conf / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    server = Prometheus(f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if requests.get(f"{server.url}/-/ready", timeout=1).ok:
+                break
+        except requests.RequestException:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"prometheus did not start: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.3)
+    yield server
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
+    prometheus, fresh_host, exports, team, owner, celery_worker_process
+):
+    from labeling.datasets import dataset_create
+    from tests.helpers.data import version_for
+    from training.jobs import training_job_submit
+
+    live = node_register(name="n-live", devices=hardware.parse_devices("npu:2"), simulated=True)
+    node_register(name="n-silent", devices=hardware.parse_devices("npu:1"), simulated=True)
+    Node.objects.filter(name="n-silent").update(
+        heartbeat_at=timezone.now() - timezone.timedelta(minutes=10)
+    )
+    dataset = dataset_create(actor=owner, team=team, name="d", task_kind="text_classification")
+    version = version_for(dataset, owner, 40)
+    training_job_submit(actor=owner, team=team, dataset_version=version, device_type="npu")
+    load(fresh_host, "rev-m", exports("text_classification"))
+    route(fresh_host, "reviews", {"rev-m": 100})
+    for text in ("物流很快，包装完好", "质量太差了", "还会再买"):
+        assert fresh_host.predict("reviews", {"inputs": [text]}, KEY).status_code == 200
+    assert fresh_host.predict("reviews", {"inputs": "not a list"}, KEY).status_code == 400
+
+    def scraped():
+        """both targets up"""
+        up = {r["metric"]["job"]: r["value"][1] for r in prometheus.query("up")}
+        return up.get("platform") == "1" and up.get("serving") == "1"
+
+    prometheus.wait(scraped)
+
+    def endpoint_seen():
+        """the endpoint's calls"""
+        return prometheus.value('sum(platform_endpoint_requests_total{endpoint="reviews"})') == 4
+
+    prometheus.wait(endpoint_seen)
+    assert (
+        prometheus.value(
+            'sum(platform_endpoint_latency_seconds_count{endpoint="reviews",revision="rev-m"})'
+        )
+        == 3
+    )
+    assert prometheus.value('platform_endpoint_errors_total{endpoint="reviews",code="4xx"}') == 1
+    assert prometheus.value('platform_revision_batched_inputs_total{revision="rev-m"}') == 3
+
+    def platform_seen():
+        """the console's figures"""
+        return prometheus.value('platform_training_jobs{status="queued",device_type="npu"}')
+
+    assert prometheus.wait(platform_seen) == 1
+    assert prometheus.value('platform_devices{device_type="npu",state="free"}') == 3
+    beats = prometheus.query("platform_node_last_heartbeat_timestamp_seconds")
+    assert {r["metric"]["node"] for r in beats} >= {"n-live", "n-silent"}
+    assert live.heartbeat_at.timestamp() == pytest.approx(
+        prometheus.value('platform_node_last_heartbeat_timestamp_seconds{node="n-live"}'), abs=5
+    )
+    assert prometheus.value("platform_scrape_errors") == 0
+    assert prometheus.value('platform_celery_queue_workers{queue="default"}') >= 1
+    assert prometheus.value('platform_import_duration_seconds_count{status="succeeded"}') == 1
+
+    def alert_fired():
+        """PlatformNodeSilent firing"""
+        alerts = requests.get(f"{prometheus.url}/api/v1/alerts", timeout=10).json()
+        return [
+            a
+            for a in alerts["data"]["alerts"]
+            if a["labels"]["alertname"] == "PlatformNodeSilent" and a["state"] == "firing"
+        ]
+
+    fired = prometheus.wait(alert_fired)
+    assert [a["labels"]["node"] for a in fired] == ["n-silent"]  # the live node is not named
+
+    rules = requests.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    assert all(r["health"] != "err" for g in rules for r in g["rules"]), rules
+
+    # Every panel of the dashboard is a query Prometheus accepts; the endpoint's and the jobs'
+    # panels show this platform's series.
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    answered = {}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            answered[panel["title"]] = prometheus.query(target["expr"])
+    assert answered["Training jobs by status"] and answered["Devices held and free"]
+    requests_panel = next(p for p in dashboard["panels"] if p["title"] == "Endpoint requests/s")
+
+    def rate_seen():
+        """the endpoint's rate (two scrapes of its counter)"""
+        return prometheus.query(requests_panel["targets"][0]["expr"])
+
+    (series,) = prometheus.wait(rate_seen)
+    assert series["metric"] == {"endpoint": "reviews"}
+
+
+def test_the_alert_rules_pass_promtool_and_their_unit_tests():
+    _needs(PROMTOOL)
+    checked = subprocess.run(
+        [PROMTOOL, "check", "rules", str(MONITORING / "alerts.yml")], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(
+        [PROMTOOL, "test", "rules", "alerts.test.yml"],
+        capture_output=True,
+        text=True,
+        cwd=MONITORING,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
