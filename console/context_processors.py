@@ -2,6 +2,7 @@ from django.apps import apps
 from django.conf import settings
 from django.http import HttpRequest
 
+from console.notifications import unread_count
 from console.selectors import teams_for_user
 from console.services import team_create_allowed
 
@@ -25,10 +26,13 @@ def console(request: HttpRequest) -> dict:
             "sso_login": bool(settings.OIDC_ISSUER),
             "sso_name": settings.OIDC_PROVIDER_NAME,
         }
+    membership = getattr(request, "membership", None)
     return {
         "my_teams": teams_for_user(request.user),
         "current_team": getattr(request, "team", None),
-        "current_membership": getattr(request, "membership", None),
+        "current_membership": membership,
+        # The bell: what the team was told since the member last looked.
+        "unread_notifications": unread_count(membership) if membership is not None else 0,
         "nav_items": nav_items(),
         "can_create_team": team_create_allowed(request.user),
     }

@@ -115,3 +115,32 @@ class QuotaForm(forms.Form):
             for d in self.device_types
             if self.cleaned_data.get(f"hours_{d}") is not None
         }
+
+
+class ChannelForm(forms.Form):
+    """A team's notification channel: email addresses, or a group robot's webhook and secret."""
+
+    name = forms.CharField(label=_("Name"), max_length=100)
+    kind = forms.ChoiceField(label=_("Kind"), choices=[])
+    target = forms.CharField(
+        label=_("Email addresses, or the robot's webhook address"),
+        max_length=2000,
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+    secret = forms.CharField(
+        label=_("Signing secret (DingTalk 加签, Feishu 签名校验)"),
+        max_length=200,
+        required=False,
+        widget=forms.PasswordInput,
+    )
+    events = forms.MultipleChoiceField(
+        label=_("Events"), choices=[], widget=forms.CheckboxSelectMultiple
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        from console.models import NotificationChannel
+        from console.notifications import EVENTS
+
+        super().__init__(*args, **kwargs)
+        self.fields["kind"].choices = NotificationChannel.Kind.choices
+        self.fields["events"].choices = list(EVENTS.items())

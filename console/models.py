@@ -58,6 +58,8 @@ class Membership(models.Model):
     # cannot change it. Empty: made in the console.
     mapped_from = models.CharField(max_length=1000, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # The member's notifications of this team up to this moment are read (the bell's count).
+    notifications_seen_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["team__name", "user__username"]
@@ -314,3 +316,85 @@ class DeviceUse(models.Model):
     @property
     def device_hours(self) -> float:
         return self.devices * (self.ended_at - self.started_at).total_seconds() / 3600
+
+
+class NotificationChannel(Created):
+    """Where a team is told what happened (console/notifications.py): an email list, or a
+    group robot of DingTalk, WeCom or Feishu, each with the events it wants. A robot's webhook
+    address and signing secret are kept sealed (encrypted with a key from SECRET_KEY): the
+    platform must present them, so they cannot be hashed."""
+
+    class Kind(models.TextChoices):
+        EMAIL = "email", _("Email")
+        DINGTALK = "dingtalk", _("DingTalk robot")
+        WECOM = "wecom", _("WeCom robot")
+        FEISHU = "feishu", _("Feishu robot")
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notification_channels")
+    name = models.CharField(_("name"), max_length=100)
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
+    # Email: the addresses, comma-separated; a robot: its webhook address, sealed.
+    target = models.TextField()
+    secret = models.TextField(blank=True)  # a robot's signing secret, sealed
+    events = models.JSONField(default=list)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Notification(models.Model):
+    """One thing a team is told: shown under the console's bell to its members, and sent to
+    its channels that want its event (a ``NotificationDelivery`` each)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=32)
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    link = models.CharField(max_length=500, blank=True)  # a path of the console
+    # What the event is about ("job:42"): one notification per event and subject at most.
+    subject = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "event", "subject"],
+                condition=~models.Q(subject=""),
+                name="one_notification_per_event_and_subject",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class NotificationDelivery(models.Model):
+    """A notification sent to one channel, by a Celery task with retries; a failure is shown
+    on the team's notifications page, never raised into what caused it."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("pending")
+        SENT = "sent", _("sent")
+        FAILED = "failed", _("failed")
+
+    notification = models.ForeignKey(
+        Notification, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    channel = models.ForeignKey(
+        NotificationChannel, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.notification} → {self.channel}"

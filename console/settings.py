@@ -496,3 +496,24 @@ LOGGING = {
     # django-axes logs every login at INFO; its failures and lockouts are warnings.
     "loggers": {"axes": {"level": "WARNING"}},
 }
+
+# -- Notifications (console/notifications.py) ------------------------------------------------
+
+# Email: Django's SMTP settings.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, min=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = 15
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "model-platform@localhost")
+# How the platform names itself in the subjects of its emails.
+PLATFORM_NAME = env_str("PLATFORM_NAME", "私有化模型平台")
+# The only hosts (host or host:port) group robots are reached at: their public addresses, or
+# the site's relay in an air-gapped network. A team's owner cannot point one elsewhere.
+NOTIFY_ROBOT_HOSTS = env_list(
+    "NOTIFY_ROBOT_HOSTS", "oapi.dingtalk.com,qyapi.weixin.qq.com,open.feishu.cn,open.larksuite.com"
+)
+# A delivery that failed is tried again after this many seconds, doubling, four times.
+NOTIFY_RETRY_S = env_int("NOTIFY_RETRY_S", 30, min=1)

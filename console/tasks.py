@@ -17,3 +17,18 @@ def directory_sync() -> dict:
 
     result = sync()
     return {"checked": result.checked, "deactivated": result.deactivated, "errors": result.errors}
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=4)
+def deliver_notification(self, delivery_id: int) -> None:
+    """Send one notification to one channel (console/notifications.py); a failure is tried
+    again after NOTIFY_RETRY_S seconds, doubling, and kept failed with its reason after the
+    last try."""
+    from django.conf import settings
+
+    from console.notifications import DeliveryFailed, deliver
+
+    try:
+        deliver(delivery_id, final=self.request.retries >= self.max_retries)
+    except DeliveryFailed as exc:
+        raise self.retry(countdown=settings.NOTIFY_RETRY_S * 2**self.request.retries) from exc

@@ -18,6 +18,12 @@ team_pages = [
     path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
     path("audit/", views.audit, name="audit"),
     path("usage/", views.team_usage, name="usage"),
+    path("notifications/", views.notifications, name="notifications"),
+    path(
+        "notifications/channels/<int:channel_id>/delete/",
+        views.notification_channel_delete,
+        name="notification_channel_delete",
+    ),
 ]
 
 console_pages = [

@@ -233,6 +233,15 @@ def device_hours_quota(team: Team, device_type: str) -> float | None:
     return float(quota) if quota is not None else None
 
 
+def device_hours_share(team: Team, device_type: str) -> float | None:
+    """The share of the month's device-hour quota used (None where there is no quota)."""
+    quota = device_hours_quota(team, device_type)
+    if quota is None:
+        return None
+    used = device_hours_used(team, device_type)
+    return used / quota if quota > 0 else 1.0
+
+
 def device_hours_check(team: Team, device_type: str) -> str:
     """Why a job of ``team`` on ``device_type`` must wait for its quota ("" when it may run):
     the quota, the month's use and when it resets."""

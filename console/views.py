@@ -14,6 +14,7 @@ from django.contrib.auth.forms import PasswordChangeForm, SetPasswordForm
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render, resolve_url
+from django.utils import timezone
 from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
@@ -22,6 +23,7 @@ from django.views.decorators.http import require_POST
 from console import hardware, health, lockout, oidc, quotas, selectors, services, usage
 from console.forms import (
     AuditFilterForm,
+    ChannelForm,
     InviteForm,
     QuotaForm,
     RoleForm,
@@ -422,6 +424,53 @@ def _months(start) -> dict:
         "next": f"{usage.next_month(start):%Y-%m}",
         "is_current": start == usage.month_start(),
     }
+
+
+@team_view(write=Perm.TEAM_MANAGE)
+def notifications(request: HttpRequest) -> HttpResponse:
+    """What the team was told (every member; seen from now on, the bell counts none), and, for
+    its owners, the channels that tell it elsewhere and how their deliveries went."""
+    from console import notifications as notices
+    from console.models import Membership, NotificationDelivery
+
+    can_manage = role_allows(request.membership.role, Perm.TEAM_MANAGE)
+    form = ChannelForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            notices.channel_create(actor=request.user, team=request.team, **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_error(None, error_text(exc))
+        else:
+            messages.success(request, _("Channel added."))
+            return redirect("console:notifications", team=request.team.slug)
+    Membership.objects.filter(pk=request.membership.pk).update(notifications_seen_at=timezone.now())
+    context: dict = {"form": form, "can_manage": can_manage, "events": notices.EVENTS}
+    if can_manage:
+        channels = list(request.team.notification_channels.all())
+        context["channels"] = [(c, notices.channel_display(c)) for c in channels]
+        context["deliveries"] = (
+            NotificationDelivery.objects.filter(channel__team=request.team)
+            .select_related("channel", "notification")
+            .order_by("-id")[:50]
+        )
+    return render_page(
+        request,
+        "console/notifications.html",
+        request.team.notifications.all(),
+        context,
+        name="notifications",
+    )
+
+
+@team_view(write=Perm.TEAM_MANAGE)
+@require_POST
+def notification_channel_delete(request: HttpRequest, channel_id: int) -> HttpResponse:
+    from console import notifications as notices
+
+    channel = get_object_or_404(request.team.notification_channels, pk=channel_id)
+    notices.channel_delete(actor=request.user, channel=channel)
+    messages.success(request, _("Channel deleted."))
+    return redirect("console:notifications", team=request.team.slug)
 
 
 @team_view()

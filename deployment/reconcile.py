@@ -9,10 +9,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.files.storage import default_storage
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.hardware import profile
+from console.notifications import notify
 from deployment.hosts import HostClient, HostError, platform_key_hash
 from deployment.models import Endpoint, Placement, Revision, ServingHost
 from runtime.inference import MANIFEST
@@ -78,6 +80,17 @@ def _placement(revision: Revision, host: ServingHost, described: dict | None, er
     state = (described or {}).get("state", Placement.State.MISSING)
     if state not in Placement.State.values:
         state = Placement.State.LOADING
+    before = Placement.objects.filter(revision=revision, host=host).values_list("state", flat=True)
+    if state == Placement.State.FAILED and Placement.State.FAILED not in before:
+        endpoint = revision.endpoint
+        notify(
+            endpoint.team,
+            "endpoint_unhealthy",
+            _("Endpoint %(name)s: revision %(n)d failed on %(host)s")
+            % {"name": endpoint.name, "n": revision.number, "host": host.url},
+            body=(error or (described or {}).get("error", ""))[:1000],
+            link=reverse("deployment:endpoint", args=[endpoint.team.slug, endpoint.pk]),
+        )
     Placement.objects.update_or_create(
         revision=revision,
         host=host,

@@ -12,9 +12,11 @@ from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
 from django.db.models import Max
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from console.notifications import notify
 from console.services import audit_record
 from labeling import consensus, pipeline, selectors, task_kinds
 from labeling.datasets import STORAGE_ERRNOS, store, team_prefix
@@ -262,9 +264,18 @@ def _import_finish(job: ImportJob, status: str, **fields) -> ImportJob:
 
 
 def _import_failed(job: ImportJob, message: str, report: Path) -> ImportJob:
-    return _import_finish(
+    job = _import_finish(
         job, ImportJob.Status.FAILED, error=message, report_file=_save_report(job, report)
     )
+    notify(
+        job.team,
+        "import_failed",
+        _("The import into %(dataset)s failed") % {"dataset": job.dataset.name},
+        body=message[:1000],
+        link=reverse("labeling:dataset", args=[job.team.slug, job.dataset_id]),
+        subject=f"import:{job.pk}",
+    )
+    return job
 
 
 def _import_succeeded(job: ImportJob, result: pipeline.ImportResult) -> ImportJob:

@@ -6,9 +6,12 @@ import logging
 from collections import Counter, defaultdict
 
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from console.models import Team
+from console.notifications import notify
 from console.services import audit_record
 from labeling import selectors, task_kinds
 from labeling.models import Annotation, LabelingProject, LabelStudioAccount
@@ -128,7 +131,23 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
         labeling_project_reject_outsiders(project)
         LabelingProject.objects.filter(pk=project.pk).update(last_synced_at=timezone.now())
         _audit_annotations(project, by_annotator, names)
+        _notify_if_finished(project)
     return counts
+
+
+def _notify_if_finished(project: LabelingProject) -> None:
+    """Every task annotated by as many annotators as the project asks: the team is told,
+    once."""
+    progress = selectors.labeling_project_progress(project)
+    if progress["total"] and progress["done"] >= progress["total"]:
+        notify(
+            project.team,
+            "labeling_finished",
+            _("Labeling project %(name)s is finished: %(n)d tasks annotated")
+            % {"name": project.name, "n": progress["total"]},
+            link=reverse("labeling:project", args=[project.team.slug, project.pk]),
+            subject=f"labeling:{project.pk}",
+        )
 
 
 def _audit_annotations(

@@ -13,6 +13,18 @@ os.environ.setdefault("PLATFORM_EXPORT_TARGETS", "onnx")
 # Prometheus's /metrics ask for a token (tests/test_prometheus.py); the console's address rule
 # without one is tested with the setting emptied (tests/security/test_metrics.py).
 os.environ.setdefault("PLATFORM_METRICS_TOKEN", "test-metrics-token-0123456789")
+# Notifications (tests/test_notifications.py): the suite's SMTP server listens on this port
+# (the workers the suite starts inherit it), robots are the test's own receiver on loopback,
+# and a failed delivery is tried again after a second.
+if "EMAIL_PORT" not in os.environ:
+    import socket
+
+    with socket.socket() as _s:
+        _s.bind(("127.0.0.1", 0))
+        os.environ["EMAIL_PORT"] = str(_s.getsockname()[1])
+os.environ.setdefault("EMAIL_HOST", "127.0.0.1")
+os.environ.setdefault("NOTIFY_ROBOT_HOSTS", "127.0.0.1")
+os.environ.setdefault("NOTIFY_RETRY_S", "1")
 # A running job's quota is checked every second, not every minute (tests/training/test_usage.py).
 os.environ.setdefault("TRAINING_QUOTA_CHECK_S", "1")
 if "SERVING_PORT" not in os.environ:

@@ -17,12 +17,14 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.files.storage import default_storage
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from jinja2 import TemplateError
 
 from console.hardware import placement_plan, profile
 from console.models import Membership, Team
+from console.notifications import notify
 from console.quotas import team_storage_check
 from console.roles import Role
 from console.selectors import live_nodes_with
@@ -635,6 +637,24 @@ def training_job_pause(
     return bool(files)
 
 
+def _notify_finished(job: TrainingJob) -> None:
+    """The team is told that a job succeeded or failed (console/notifications.py)."""
+    if job.status == TrainingJob.Status.SUCCEEDED:
+        event, title = "job_succeeded", _("Training job %(name)s (#%(id)d) succeeded")
+    elif job.status == TrainingJob.Status.FAILED:
+        event, title = "job_failed", _("Training job %(name)s (#%(id)d) failed")
+    else:
+        return
+    notify(
+        job.team,
+        event,
+        title % {"name": job.name, "id": job.pk},
+        body=job.error[:1000],
+        link=reverse("training:job", args=[job.team.slug, job.pk]),
+        subject=f"job:{job.pk}:{job.status}",
+    )
+
+
 def training_job_finish(job: TrainingJob, status: str, error: str = "") -> None:
     """The job's end (succeeded, failed with ``error``, cancelled), audited as the system's:
     called by the worker that ran it and by the claim that finds it over. A paused job's
@@ -651,6 +671,7 @@ def training_job_finish(job: TrainingJob, status: str, error: str = "") -> None:
     job.eta_s = None
     job.save(update_fields=["status", "error", "finished_at", "phase", "eta_s"])
     _advance_sweep_on_commit(job)
+    _notify_finished(job)
     audit_record(
         action=f"training.job_{status}",
         actor=None,

@@ -20,11 +20,13 @@ from typing import Any
 from django.conf import settings
 from django.core.files.storage import default_storage
 from django.db import DatabaseError, transaction
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.hardware import profile
-from console.usage import device_hours_check
+from console.notifications import QUOTA_WARNING_SHARE, notify
+from console.usage import device_hours_check, device_hours_share
 from runtime import sandbox
 from runtime.compress import PARENT_DIR
 from runtime.loop import BEST, CHECKPOINT, PAUSE_REQUEST
@@ -325,7 +327,19 @@ class _Supervisor:
     def check_quota(self) -> None:
         """Once the team's device-hours of the month are used (this job's own hold counts up to
         now), the runner is asked to pause at the end of its epoch."""
-        reason = device_hours_check(self.job.team, self.job.device_type)
+        team, device = self.job.team, self.job.device_type
+        share = device_hours_share(team, device)
+        if share is not None and share >= QUOTA_WARNING_SHARE:
+            month = timezone.localtime().strftime("%Y-%m")
+            notify(
+                team,
+                "quota_nearly_used",
+                _("The team used %(percent)d%% of its %(device)s device-hours this month")
+                % {"percent": min(100, int(share * 100)), "device": device},
+                link=reverse("console:usage", args=[team.slug]),
+                subject=f"quota:{device}:{month}",
+            )
+        reason = device_hours_check(team, device)
         if not reason or self.workdir is None:
             return
         try:

@@ -47,7 +47,7 @@ def routes() -> list[Route]:
 def object_factories(team, owner) -> dict:
     """How to make, in `team`, the object that each URL argument names."""
     from console import services
-    from console.models import Membership
+    from console.models import Membership, NotificationChannel
     from labeling.datasets import dataset_create, upload_create
     from labeling.projects import labeling_project_create
     from training.jobs import training_job_submit
@@ -120,4 +120,7 @@ def object_factories(team, owner) -> dict:
         "adapter_id": lambda: adapter.pk,
         "dataset_version_id": lambda: evaluation_set.pk,
         "evaluation_id": lambda: evaluation.pk,
+        "channel_id": lambda: NotificationChannel.objects.create(
+            team=team, name="c", kind="email", target="a@example.com", events=["job_failed"]
+        ).pk,
     }
