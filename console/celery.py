@@ -10,7 +10,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from console.hardware import train_queues
-from runtime.env import env_bool, env_float, env_str
+from runtime.env import env_bool, env_float, env_int, env_str
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -54,6 +54,14 @@ if env_str("LDAP_SERVER_URI", "") and env_float("LDAP_SYNC_MINUTES", 15.0, min=0
     app.conf.beat_schedule["directory-sync"] = {
         "task": "console.tasks.directory_sync",
         "schedule": env_float("LDAP_SYNC_MINUTES", 15.0, min=0) * 60,
+    }
+# The nightly backup (console/backup.py), where BACKUP_DIR is set.
+if env_str("BACKUP_DIR", ""):
+    from celery.schedules import crontab
+
+    app.conf.beat_schedule["nightly-backup"] = {
+        "task": "console.tasks.nightly_backup",
+        "schedule": crontab(hour=env_int("BACKUP_HOUR", 2, min=0, max=23), minute=0),
     }
 app.autodiscover_tasks()
 

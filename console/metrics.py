@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
@@ -111,6 +112,20 @@ def _queues() -> Iterator[Metric]:
     yield workers
 
 
+def _backups() -> Iterator[Metric]:
+    """When the newest backup archive was written, where nightly backups are configured."""
+    from console.backup import last_backup_at
+
+    if not settings.BACKUP_DIR:
+        return
+    last = last_backup_at(Path(settings.BACKUP_DIR))
+    yield GaugeMetricFamily(
+        "platform_backup_last_success_timestamp_seconds",
+        "When the newest backup archive in BACKUP_DIR was written (Unix time; 0: none).",
+        value=last.timestamp() if last else 0.0,
+    )
+
+
 def _disk() -> Iterator[Metric]:
     usage = shutil.disk_usage(settings.DATA_DIR)
     yield GaugeMetricFamily(
@@ -129,7 +144,7 @@ class PlatformCollector:
 
     def collect(self) -> Iterator[Metric]:
         failed = 0
-        for source in (_nodes, _queues, _disk, *collectors):
+        for source in (_nodes, _queues, _disk, _backups, *collectors):
             try:
                 yield from list(source())
             except Exception:

@@ -517,3 +517,11 @@ NOTIFY_ROBOT_HOSTS = env_list(
 )
 # A delivery that failed is tried again after this many seconds, doubling, four times.
 NOTIFY_RETRY_S = env_int("NOTIFY_RETRY_S", 30, min=1)
+
+# -- Backups (console/backup.py) --------------------------------------------------------------
+
+# Where beat's nightly backup writes its archives (nothing nightly when empty), at this hour
+# (local time), keeping this many.
+BACKUP_DIR = env_str("BACKUP_DIR")
+BACKUP_HOUR = env_int("BACKUP_HOUR", 2, min=0, max=23)
+BACKUP_KEEP = env_int("BACKUP_KEEP", 7, min=1)

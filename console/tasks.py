@@ -32,3 +32,18 @@ def deliver_notification(self, delivery_id: int) -> None:
         deliver(delivery_id, final=self.request.retries >= self.max_retries)
     except DeliveryFailed as exc:
         raise self.retry(countdown=settings.NOTIFY_RETRY_S * 2**self.request.retries) from exc
+
+
+@shared_task(ignore_result=True)
+def nightly_backup() -> str:
+    """Scheduled by beat at BACKUP_HOUR where BACKUP_DIR is set: one archive, the newest
+    BACKUP_KEEP kept (console/backup.py)."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from console.backup import backup_create, backups_prune
+
+    archive = backup_create(Path(settings.BACKUP_DIR))
+    backups_prune(Path(settings.BACKUP_DIR), settings.BACKUP_KEEP)
+    return str(archive)
