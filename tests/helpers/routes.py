@@ -120,7 +120,9 @@ def object_factories(team, owner) -> dict:
         "adapter_id": lambda: adapter.pk,
         "dataset_version_id": lambda: evaluation_set.pk,
         "evaluation_id": lambda: evaluation.pk,
-        "channel_id": lambda: NotificationChannel.objects.create(
-            team=team, name="c", kind="email", target="a@example.com", events=["job_failed"]
-        ).pk,
+        "channel_id": lambda: (
+            NotificationChannel.objects.create(
+                team=team, name="c", kind="email", target="a@example.com", events=["job_failed"]
+            ).pk
+        ),
     }
