@@ -50,6 +50,16 @@ def duration_histogram(
     family.add_metric(labels, buckets, sum_value=total.total_seconds() if total else 0.0)
 
 
+def durations_by_status(
+    name: str, help_: str, objects: QuerySet, statuses: Iterable[str], start: str, end: str
+) -> HistogramMetricFamily:
+    """A histogram family of how long ``objects`` of each status took (``duration_histogram``)."""
+    family = HistogramMetricFamily(name, help_, labels=["status"])
+    for status in statuses:
+        duration_histogram(family, [status], objects.filter(status=status), start, end)
+    return family
+
+
 def _nodes() -> Iterator[Metric]:
     beat = GaugeMetricFamily(
         "platform_node_last_heartbeat_timestamp_seconds",

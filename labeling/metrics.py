@@ -5,27 +5,21 @@ import time
 from collections.abc import Iterator
 
 from django.db.models import Min
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from console.metrics import duration_histogram
+from console.metrics import durations_by_status
 from labeling.models import ImportJob, LabelingProject
 
 
 def labeling_metrics() -> Iterator[Metric]:
-    imports = HistogramMetricFamily(
+    yield durations_by_status(
         "platform_import_duration_seconds",
         "How long finished imports took, from the upload's submission, by how they ended.",
-        labels=["status"],
+        ImportJob.objects.all(),
+        (ImportJob.Status.SUCCEEDED, ImportJob.Status.FAILED),
+        "created_at",
+        "finished_at",
     )
-    for status in (ImportJob.Status.SUCCEEDED, ImportJob.Status.FAILED):
-        duration_histogram(
-            imports,
-            [status],
-            ImportJob.objects.filter(status=status),
-            "created_at",
-            "finished_at",
-        )
-    yield imports
     ready = LabelingProject.objects.filter(status=LabelingProject.Status.READY)
     oldest = ready.aggregate(at=Min("last_synced_at"))["at"]
     yield GaugeMetricFamily(

@@ -6,23 +6,23 @@ runs on the real train worker, and restored into a new database and data directo
 guide says; the restored installation has the same objects, files that match their sha256,
 and its keys (a sealed channel opens)."""
 
+import io
 import json
 import os
 import subprocess
 import sys
 import tarfile
-import uuid
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
 from console.backup import BackupError, backup_restore, backup_verify
+from console.models import AuditEvent
 from console.notifications import channel_create
 from tests.helpers.jobs import wait_for
 from tests.helpers.system import ROOT
-from tests.helpers.workers import suite_database_url
+from tests.helpers.workers import new_database
 from training.jobs import training_job_cancel, training_job_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,22 +52,6 @@ print(json.dumps({
     "robot": unseal(NotificationChannel.objects.get().target),
 }))
 """
-
-
-def _new_database(tmp_path) -> tuple[str, callable]:
-    """An empty database of the suite's kind, and how to drop it."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{tmp_path / 'restored.sqlite3'}", lambda: None
-    name = f"restored_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return suite_database_url().rsplit("/", 1)[0] + f"/{name}", drop
 
 
 def manage(data_dir, database_url, *args, secret_key="", check=True):
@@ -122,9 +106,9 @@ def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
     assert manifest["database"] == engine and f"database/{engine}.dump" in manifest["files"]
     assert "console.0007_notifications" in manifest["migrations"]
     training_job_cancel(actor=owner, job=job)
-    audit_count = __import__("console.models", fromlist=["AuditEvent"]).AuditEvent.objects.count()
+    audit_count = AuditEvent.objects.count()
 
-    database_url, drop = _new_database(tmp_path)
+    database_url, drop = new_database(tmp_path, "restored")
     try:
         restored = tmp_path / "restored-data"
         restored.mkdir()
@@ -159,7 +143,7 @@ def test_a_damaged_or_foreign_archive_is_refused_before_anything_is_written(tmp_
         ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            tar.addfile(info, __import__("io").BytesIO(data))
+            tar.addfile(info, io.BytesIO(data))
     with pytest.raises(BackupError, match="does not match its sha256"):
         backup_restore(damaged)
     escaping = tmp_path / "escaping.tar"
@@ -167,7 +151,7 @@ def test_a_damaged_or_foreign_archive_is_refused_before_anything_is_written(tmp_
         info = tarfile.TarInfo("manifest.json")
         data = json.dumps({**manifest, "files": {}}).encode()
         info.size = len(data)
-        tar.addfile(info, __import__("io").BytesIO(data))
+        tar.addfile(info, io.BytesIO(data))
         link = tarfile.TarInfo("storage/../../etc/x")
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)

@@ -11,15 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from tests.helpers.system import ROOT
-from tests.helpers.workers import suite_database_url
+from tests.helpers.workers import new_database
 
 # The commit of the release before this one (the last landing): what sites run now.
 EARLIER = "ce1e903"
@@ -110,20 +108,6 @@ def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True)
 
 
-def _new_database(tmp_path: Path):
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{tmp_path / 'upgraded.sqlite3'}", lambda: None
-    name = f"upgrade_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return suite_database_url().rsplit("/", 1)[0] + f"/{name}", drop
-
-
 @pytest.mark.django_db(transaction=True)
 def test_an_earlier_installation_upgrades_with_the_documented_steps(tmp_path):
     if _git("cat-file", "-e", f"{EARLIER}^{{commit}}").returncode != 0:
@@ -136,7 +120,7 @@ def test_an_earlier_installation_upgrades_with_the_documented_steps(tmp_path):
     archive = _git("archive", EARLIER)
     assert archive.returncode == 0, archive.stderr
     subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive.stdout, check=True)
-    database_url, drop = _new_database(tmp_path)
+    database_url, drop = new_database(tmp_path, "upgraded")
     data = tmp_path / "data"
     data.mkdir()
     redis = settings.REDIS_URL.rsplit("/", 1)[0] + "/14"  # a database no worker reads

@@ -4,9 +4,9 @@ status and device type now, and how long finished jobs ran, by how they ended.""
 from collections.abc import Iterator
 
 from django.db.models import Count
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from console.metrics import duration_histogram
+from console.metrics import durations_by_status
 from training.models import TrainingJob
 
 
@@ -18,17 +18,11 @@ def job_metrics() -> Iterator[Metric]:
     for row in rows.order_by("status", "device_type"):
         jobs.add_metric([row["status"], row["device_type"]], row["n"])
     yield jobs
-    durations = HistogramMetricFamily(
+    yield durations_by_status(
         "platform_training_job_duration_seconds",
         "How long finished jobs ran, from their start to their end, by how they ended.",
-        labels=["status"],
+        TrainingJob.objects.all(),
+        (TrainingJob.Status.SUCCEEDED, TrainingJob.Status.FAILED),
+        "started_at",
+        "finished_at",
     )
-    for status in (TrainingJob.Status.SUCCEEDED, TrainingJob.Status.FAILED):
-        duration_histogram(
-            durations,
-            [status],
-            TrainingJob.objects.filter(status=status),
-            "started_at",
-            "finished_at",
-        )
-    yield durations

@@ -77,3 +77,23 @@ def stop_worker(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def new_database(tmp_path, prefix: str):
+    """A new, empty database of the suite's kind (a SQLite file under ``tmp_path``, or a
+    PostgreSQL database beside the test database): its URL, and how to drop it."""
+    import uuid
+
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{tmp_path / f'{prefix}.sqlite3'}", lambda: None
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return suite_database_url().rsplit("/", 1)[0] + f"/{name}", drop
