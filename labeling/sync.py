@@ -131,13 +131,17 @@ def labeling_project_sync(project_id: int) -> dict[str, int]:
         labeling_project_reject_outsiders(project)
         LabelingProject.objects.filter(pk=project.pk).update(last_synced_at=timezone.now())
         _audit_annotations(project, by_annotator, names)
-        _notify_if_finished(project)
+        if counts["created"] or counts["updated"]:
+            _notify_if_finished(project)
     return counts
 
 
 def _notify_if_finished(project: LabelingProject) -> None:
     """Every task annotated by as many annotators as the project asks: the team is told,
     once."""
+    subject = f"labeling:{project.pk}"
+    if project.team.notifications.filter(event="labeling_finished", subject=subject).exists():
+        return
     progress = selectors.labeling_project_progress(project)
     if progress["total"] and progress["done"] >= progress["total"]:
         notify(
@@ -146,7 +150,7 @@ def _notify_if_finished(project: LabelingProject) -> None:
             _("Labeling project %(name)s is finished: %(n)d tasks annotated")
             % {"name": project.name, "n": progress["total"]},
             link=reverse("labeling:project", args=[project.team.slug, project.pk]),
-            subject=f"labeling:{project.pk}",
+            subject=subject,
         )
 
 

@@ -236,3 +236,25 @@ def test_a_robot_that_refuses_is_a_failed_delivery_shown_with_its_reason(
     assert page.count('data-status="failed"') == 2 and "sign not match" in page
     assert not Robots.received
     assert NotificationChannel.objects.filter(team=team).count() == 2
+
+
+def test_a_revision_that_fails_on_a_host_tells_the_team_once(team, owner):
+    from deployment.models import Endpoint, Revision, ServingHost
+    from deployment.reconcile import _placement
+    from training.models import ModelVersion
+
+    version = ModelVersion.objects.create(
+        team=team, name="评论", number=1, task_kind="text_classification", backend="paddle",
+        runtime="paddle_inference", storage_prefix="m/",
+    )  # fmt: skip
+    endpoint = Endpoint.objects.create(team=team, name="reviews", task_kind="text_classification")
+    revision = Revision.objects.create(endpoint=endpoint, number=1, model_version=version)
+    host = ServingHost.objects.create(url="http://127.0.0.1:1")
+    _placement(revision, host, {"state": "ready"})
+    _placement(revision, host, {"state": "failed", "error": "predictor died: out of memory"})
+    _placement(revision, host, {"state": "failed", "error": "predictor died: out of memory"})
+    (told,) = team.notifications.filter(event="endpoint_unhealthy")
+    assert "reviews" in told.title and "out of memory" in told.body
+    _placement(revision, host, {"state": "ready"})
+    _placement(revision, host, {"state": "failed", "error": "again"})
+    assert team.notifications.filter(event="endpoint_unhealthy").count() == 2

@@ -257,3 +257,22 @@ def test_a_webhook_registered_under_an_old_url_is_registered_again(project, sett
     hooks = label_studio.client(project.team).webhooks.list(project=project.ls_project_id)
     assert [h.url for h in hooks] == [expected]
     assert WEBHOOK_SECRET_HEADER in (hooks[0].headers or {})
+
+
+def test_the_team_is_told_once_when_every_task_is_annotated(project, owner):
+    from console.models import Notification
+
+    ls = label_studio.client(project.team)
+    who = member_account(project.team, owner)  # only the members' annotations count
+    *first, final = task_ids(project).values()
+    for task in first:
+        ls.annotations.create(id=task, result=choice("正面"), completed_by=who)
+    labeling_project_sync(project.pk)
+    assert not Notification.objects.filter(event="labeling_finished").exists()
+    last = ls.annotations.create(id=final, result=choice("负面"), completed_by=who)
+    labeling_project_sync(project.pk)
+    (told,) = Notification.objects.filter(team=project.team, event="labeling_finished")
+    assert project.name in told.title and told.link.endswith(f"/labeling/{project.pk}/")
+    ls.annotations.update(id=last.id, result=choice("正面"))
+    labeling_project_sync(project.pk)
+    assert Notification.objects.filter(event="labeling_finished").count() == 1

@@ -209,7 +209,7 @@ def test_a_running_job_past_its_device_hours_pauses_at_its_epoch_end_and_resumes
     the quota, losing no step."""
     from django.core.files.storage import default_storage
 
-    from console.models import AuditEvent
+    from console.models import AuditEvent, Notification
     from tests.helpers.jobs import wait_for
 
     staff = make_user("site-admin", is_staff=True)
@@ -232,6 +232,8 @@ def test_a_running_job_past_its_device_hours_pauses_at_its_epoch_end_and_resumes
     assert default_storage.exists(job.resume_prefix + "checkpoint/state.json")
     assert not Device.objects.filter(holder__startswith=f"training_job:{job.pk}:").exists()
     assert AuditEvent.objects.filter(action="training.job_paused", target_id=str(job.pk)).exists()
+    # Its owners were told as the quota neared its end (once this month).
+    assert Notification.objects.filter(team=team, event="quota_nearly_used").count() == 1
     used = DeviceUse.objects.filter(holder__startswith=f"training_job:{job.pk}:").get()
     assert used.device_hours >= 0.002
 
