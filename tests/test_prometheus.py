@@ -19,7 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from console import hardware
-from console.models import Node
+from console.models import Device, Node
 from console.services import node_register
 from runtime.net import free_port
 from tests.helpers.serving import KEY, load, route
@@ -115,8 +115,10 @@ def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
     prometheus, fresh_host, exports, team, owner, celery_worker_process
 ):
     from labeling.datasets import dataset_create
+    from labeling.models import ImportJob
     from tests.helpers.data import version_for
     from training.jobs import training_job_submit
+    from training.models import TrainingJob
 
     live = node_register(name="n-live", devices=hardware.parse_devices("npu:2"), simulated=True)
     node_register(name="n-silent", devices=hardware.parse_devices("npu:1"), simulated=True)
@@ -157,8 +159,11 @@ def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
         """the console's figures"""
         return prometheus.value('platform_training_jobs{status="queued",device_type="npu"}')
 
-    assert prometheus.wait(platform_seen) == 1
-    assert prometheus.value('platform_devices{device_type="npu",state="free"}') == 3
+    # As the database has them (a worker of an earlier test may have left its node behind).
+    queued = TrainingJob.objects.filter(status="queued", device_type="npu").count()
+    assert prometheus.wait(platform_seen) == queued >= 1
+    free = Device.objects.filter(device_type="npu", holder="").count()
+    assert prometheus.value('platform_devices{device_type="npu",state="free"}') == free >= 3
     beats = prometheus.query("platform_node_last_heartbeat_timestamp_seconds")
     assert {r["metric"]["node"] for r in beats} >= {"n-live", "n-silent"}
     assert live.heartbeat_at.timestamp() == pytest.approx(
@@ -166,7 +171,11 @@ def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
     )
     assert prometheus.value("platform_scrape_errors") == 0
     assert prometheus.value('platform_celery_queue_workers{queue="default"}') >= 1
-    assert prometheus.value('platform_import_duration_seconds_count{status="succeeded"}') == 1
+    imported = ImportJob.objects.filter(status="succeeded", finished_at__isnull=False).count()
+    assert prometheus.value('platform_import_duration_seconds_count{status="succeeded"}') == (
+        imported
+    )
+    assert imported >= 1
 
     def alert_fired():
         """PlatformNodeSilent firing"""
@@ -177,8 +186,8 @@ def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
             if a["labels"]["alertname"] == "PlatformNodeSilent" and a["state"] == "firing"
         ]
 
-    fired = prometheus.wait(alert_fired)
-    assert [a["labels"]["node"] for a in fired] == ["n-silent"]  # the live node is not named
+    fired = {a["labels"]["node"] for a in prometheus.wait(alert_fired)}
+    assert "n-silent" in fired and "n-live" not in fired
 
     rules = requests.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
     assert all(r["health"] != "err" for g in rules for r in g["rules"]), rules
