@@ -83,10 +83,15 @@ tok = build_char_tokenizer(["0123456789加等于几？。我不知道userassista
 arch = dict(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
             max_position_embeddings=512, tie_word_embeddings=False, pad_token_id=0)
+# Seeded: the same weights in every session, so the same fine-tunings and answers.
 if backend == "paddle":
+    import paddle
+    paddle.seed(0)
     import paddlenlp.transformers as lib
     arch["use_flash_attention"] = False
 else:
+    import torch
+    torch.manual_seed(0)
     import transformers as lib
 model = getattr(lib, name + "ForCausalLM")(getattr(lib, name + "Config")(**arch))
 model.save_pretrained(str(d), safe_serialization=True)
