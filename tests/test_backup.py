@@ -1,10 +1,12 @@
 """Backup and restore (console/backup.py) on the suite's real database (PostgreSQL in CI, where
 pg_dump and pg_restore do the work; SQLite elsewhere) and storage: a platform with a dataset, a
-model version, an endpoint, a notification channel and its audit log is backed up while a job
-runs on the real train worker, and restored into a new database and data directory by
-``manage.py platform_restore`` and ``migrate`` in processes of their own, as the operator's
-guide says; the restored installation has the same objects, files that match their sha256,
-and its keys (a sealed channel opens)."""
+model version, an endpoint, a notification channel, a labeling project annotated in the
+suite's Label Studio and its audit log is backed up while a job runs on the real train worker,
+and restored into a new database and data directory by ``manage.py platform_restore`` and
+``migrate`` in processes of their own, as the operator's guide says; the restored installation
+has the same objects, files that match their sha256, its keys (a sealed channel opens), a model
+that predicts, and a Label Studio started on the restored directory that holds the
+annotations, which a sync of the restored platform finds already taken in."""
 
 import io
 import json
@@ -20,7 +22,19 @@ from django.db import connection
 from console.backup import BackupError, backup_restore, backup_verify
 from console.models import AuditEvent
 from console.notifications import channel_create
+from labeling.projects import labeling_project_create
+from labeling.sync import labeling_project_sync
+from tests.helpers.data import make_version, reviews_dataset, version_for
 from tests.helpers.jobs import wait_for
+from tests.helpers.label_studio import (
+    UNLABELED_REVIEWS,
+    annotate,
+    choice,
+    launcher,
+    needs_label_studio,
+    task_ids,
+)
+from tests.helpers.serving import bare_predict
 from tests.helpers.system import ROOT
 from tests.helpers.workers import new_database
 from training.jobs import training_job_cancel, training_job_submit
@@ -50,11 +64,30 @@ print(json.dumps({
     "audit": AuditEvent.objects.count(),
     "job": TrainingJob.objects.get(name__startswith="评论").status,
     "robot": unseal(NotificationChannel.objects.get().target),
+    "export": default_storage.path(version.storage_prefix + "export"),
 }))
+"""
+# In the restored installation beside a Label Studio started on its restored directory: the
+# annotations as Label Studio shows them, and what a sync takes in (nothing new, nothing lost).
+LABELS_CHECK = """
+import json
+from labeling.label_studio import client
+from labeling.models import LabelingProject
+from labeling.sync import labeling_project_sync
+project = LabelingProject.objects.get(name="备份标注")
+tasks = client(project.team).tasks.list(project=project.ls_project_id, fields="all")
+print(json.dumps({
+    "in_label_studio": sorted(
+        r["value"]["choices"][0]
+        for t in tasks for a in t.annotations or [] for r in a["result"]
+    ),
+    "sync": labeling_project_sync(project.pk),
+    "taken_in": sorted(project.annotations.values_list("value__label", flat=True)),
+}, ensure_ascii=False))
 """
 
 
-def manage(data_dir, database_url, *args, secret_key="", check=True):
+def manage(data_dir, database_url, *args, secret_key="", check=True, extra=None):
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -64,6 +97,8 @@ def manage(data_dir, database_url, *args, secret_key="", check=True):
         "SECRET_KEY": secret_key or "a-placeholder-key-before-the-restore-0123456789",
     }
     env.pop("LABEL_STUDIO_DATA_DIR", None)
+    env.pop("LABEL_STUDIO_URL", None)
+    env.update(extra or {})
     done = subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True
     )
@@ -72,13 +107,13 @@ def manage(data_dir, database_url, *args, secret_key="", check=True):
     return done
 
 
+@needs_label_studio
 @pytest.mark.usefixtures("train_worker", "celery_worker_process")
 def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
-    tmp_path, team, owner, model_version, settings
+    tmp_path, team, owner, model_version, exports, settings
 ):
     from deployment.models import Endpoint
     from labeling.datasets import dataset_create
-    from tests.helpers.data import version_for
 
     settings.NOTIFY_ROBOT_HOSTS = ["oapi.dingtalk.com"]
     robot = "https://oapi.dingtalk.com/robot/send?access_token=restored-token"
@@ -87,9 +122,18 @@ def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
         events=["job_failed"],
     )  # fmt: skip
     model_version()
+    model_export = exports()
     Endpoint.objects.create(team=team, name="reviews", task_kind="text_classification")
     dataset = dataset_create(actor=owner, team=team, name="评论", task_kind="text_classification")
     version = version_for(dataset, owner, 80)
+    labeling = make_version(reviews_dataset(team, owner, "待标注"), owner, UNLABELED_REVIEWS)
+    project = labeling_project_create(actor=owner, version=labeling, name="备份标注")
+    wait_for(project, until=lambda p: p.tasks.count() == 3)  # pushed by the Celery worker
+    for row, task_id in task_ids(project).items():
+        annotate(team, owner, task_id, choice("正面" if row % 2 else "负面"))
+    labeling_project_sync(project.pk)  # (or the webhook's sync on the worker did already)
+    assert project.annotations.count() == 3
+    labels = sorted(project.annotations.values_list("value__label", flat=True))
     job = training_job_submit(
         actor=owner,
         team=team,
@@ -124,6 +168,30 @@ def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
         assert figures["job"] == "running"  # as the snapshot saw it; beat's reconcile requeues
         assert figures["robot"] == robot  # the keys came back: sealed secrets open
         assert figures["audit"] <= audit_count and figures["audit"] > 0
+        # The restored model predicts as the original does (what its endpoint serves).
+        texts = ["房间干净", "早餐很差"]
+        assert bare_predict(figures["export"], texts) == bare_predict(model_export, texts)
+
+        # Label Studio on its restored directory (its admin's password restored with it),
+        # with the platform's token as the original installation had it.
+        ls = launcher()
+        port = ls.free_port()
+        ls_dir = restored / "label-studio"
+        with open(tmp_path / "ls.log", "ab") as log:
+            server = ls.start(port, ls_dir, ls.admin_password(ls_dir), log, webhook_ports="*")
+            try:
+                ls.wait_until_up(f"http://127.0.0.1:{port}", server)
+                answer = manage(
+                    restored, database_url, "shell", "-c", LABELS_CHECK, secret_key=key,
+                    extra={"LABEL_STUDIO_URL": f"http://127.0.0.1:{port}",
+                           "LABEL_STUDIO_TOKEN": settings.LABEL_STUDIO_TOKEN},
+                )  # fmt: skip
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+        found = json.loads(answer.stdout.strip().splitlines()[-1])
+        assert found["in_label_studio"] == found["taken_in"] == labels
+        assert found["sync"] == {"created": 0, "updated": 0, "deleted": 0, "invalid": 0}
 
         # Into a platform that is not empty: refused, and nothing is written.
         again = manage(restored, database_url, "platform_restore", str(archive), check=False)

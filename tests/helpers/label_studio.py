@@ -3,12 +3,14 @@ made through Label Studio's API as the team's labeling members."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 
 import pytest
 
 from tests.helpers.data import make_version, reviews_dataset
+from tests.helpers.system import ROOT
 
 needs_label_studio = pytest.mark.skipif(
     not os.environ.get("LABEL_STUDIO_URL") and not os.environ.get("CI"),
@@ -73,3 +75,12 @@ def annotate(team, user, task_id: int, result: list[dict]) -> None:
     label_studio.client(team).annotations.create(
         id=task_id, completed_by=member_account(team, user), result=result
     )
+
+
+def launcher():
+    """platform/label_studio.py, loaded by path (``platform`` is not a package): to start a
+    Label Studio of a test's own."""
+    spec = importlib.util.spec_from_file_location("ls_launcher", ROOT / "platform/label_studio.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,10 +2,8 @@
 started again on the same data directory: nothing that was annotated is lost, nothing is
 taken in twice."""
 
-import importlib.util
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,19 +11,15 @@ from labeling import label_studio
 from labeling.models import Annotation
 from labeling.sync import labeling_project_sync
 from tests.helpers.data import make_version, reviews_dataset
-from tests.helpers.label_studio import choice, needs_label_studio, push_project, task_ids
+from tests.helpers.label_studio import (
+    choice,
+    launcher,
+    needs_label_studio,
+    push_project,
+    task_ids,
+)
 
 pytestmark = needs_label_studio
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def launcher():
-    """platform/label_studio.py, loaded by path (``platform`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("ls_launcher", ROOT / "platform/label_studio.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
