@@ -4,9 +4,10 @@ model version, an endpoint, a notification channel, a labeling project annotated
 suite's Label Studio and its audit log is backed up while a job runs on the real train worker,
 and restored into a new database and data directory by ``manage.py platform_restore`` and
 ``migrate`` in processes of their own, as the operator's guide says; the restored installation
-has the same objects, files that match their sha256, its keys (a sealed channel opens), a model
-that predicts, and a Label Studio started on the restored directory that holds the
-annotations, which a sync of the restored platform finds already taken in."""
+has the same objects, files that match their sha256, its keys (a sealed channel opens), an
+endpoint that its reconciler loads onto the serving host from the restored storage and that
+answers the original's key as before, and a Label Studio started on the restored directory that
+holds the annotations, which a sync of the restored platform finds already taken in."""
 
 import io
 import json
@@ -34,7 +35,7 @@ from tests.helpers.label_studio import (
     needs_label_studio,
     task_ids,
 )
-from tests.helpers.serving import bare_predict
+from tests.helpers.serving import converge
 from tests.helpers.system import ROOT
 from tests.helpers.workers import new_database
 from training.jobs import training_job_cancel, training_job_submit
@@ -64,8 +65,23 @@ print(json.dumps({
     "audit": AuditEvent.objects.count(),
     "job": TrainingJob.objects.get(name__startswith="评论").status,
     "robot": unseal(NotificationChannel.objects.get().target),
-    "export": default_storage.path(version.storage_prefix + "export"),
 }))
+"""
+# The restored installation's reconciler, until the serving host has loaded and routed what
+# its database says (as beat does every few seconds once the platform runs).
+RECONCILE = """
+import time
+from deployment.models import Placement
+from deployment.reconcile import endpoints_reconcile
+deadline = time.monotonic() + 90
+while True:
+    endpoints_reconcile()
+    states = set(Placement.objects.values_list("state", flat=True))
+    if states == {"ready"}:
+        endpoints_reconcile()
+        break
+    assert "failed" not in states and time.monotonic() < deadline, states
+    time.sleep(0.3)
 """
 # In the restored installation beside a Label Studio started on its restored directory: the
 # annotations as Label Studio shows them, and what a sync takes in (nothing new, nothing lost).
@@ -110,9 +126,10 @@ def manage(data_dir, database_url, *args, secret_key="", check=True, extra=None)
 @needs_label_studio
 @pytest.mark.usefixtures("train_worker", "celery_worker_process")
 def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
-    tmp_path, team, owner, model_version, exports, settings
+    tmp_path, team, owner, model_version, fresh_host, settings
 ):
-    from deployment.models import Endpoint
+    from deployment.keys import endpoint_key_create
+    from deployment.rollout import endpoint_deploy
     from labeling.datasets import dataset_create
 
     settings.NOTIFY_ROBOT_HOSTS = ["oapi.dingtalk.com"]
@@ -121,9 +138,11 @@ def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
         actor=owner, team=team, name="群", kind="dingtalk", target=robot, secret="s",
         events=["job_failed"],
     )  # fmt: skip
-    model_version()
-    model_export = exports()
-    Endpoint.objects.create(team=team, name="reviews", task_kind="text_classification")
+    endpoint = endpoint_deploy(actor=owner, team=team, model_version=model_version())
+    _key, plain = endpoint_key_create(actor=owner, endpoint=endpoint, name="app")
+    converge(fresh_host, endpoint)
+    texts = {"inputs": ["房间干净", "早餐很差"]}
+    served = fresh_host.predict("reviews", texts, plain).json()["outputs"]
     dataset = dataset_create(actor=owner, team=team, name="评论", task_kind="text_classification")
     version = version_for(dataset, owner, 80)
     labeling = make_version(reviews_dataset(team, owner, "待标注"), owner, UNLABELED_REVIEWS)
@@ -168,9 +187,13 @@ def test_a_backup_taken_while_a_job_runs_restores_into_an_empty_installation(
         assert figures["job"] == "running"  # as the snapshot saw it; beat's reconcile requeues
         assert figures["robot"] == robot  # the keys came back: sealed secrets open
         assert figures["audit"] <= audit_count and figures["audit"] > 0
-        # The restored model predicts as the original does (what its endpoint serves).
-        texts = ["房间干净", "早餐很差"]
-        assert bare_predict(figures["export"], texts) == bare_predict(model_export, texts)
+        # Its reconciler loads the endpoint from the restored storage; the original's key
+        # calls it, and it answers as before.
+        manage(restored, database_url, "shell", "-c", RECONCILE, secret_key=key)
+        (loaded,) = fresh_host.state()["revisions"].values()
+        assert loaded["config"]["export_dir"].startswith(str(restored))
+        answer = fresh_host.predict("reviews", texts, plain)
+        assert answer.status_code == 200 and answer.json()["outputs"] == served
 
         # Label Studio on its restored directory (its admin's password restored with it),
         # with the platform's token as the original installation had it.
