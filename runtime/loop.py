@@ -487,6 +487,7 @@ class Progress:
         t0 = self.step_started
         self.busy += time.perf_counter() - t0
         self.samples += samples
+        total, reported = self.budget.total, self.last_report
         self.last_report = step_done(
             self.emit,
             self.spec,
@@ -502,7 +503,13 @@ class Progress:
             save_checkpoint=self.save_checkpoint,
             epochs=self.budget.epochs(),
         )
-        self.budget.stepped(self.state, time.perf_counter() - t0, self.probe_eval)
+        step = self.state["step"]
+        cut = self.budget.stepped(self.state, time.perf_counter() - t0, self.probe_eval) == step
+        if cut and self.last_report == reported and step < total:
+            # The time budget ended training at a step the throttle did not report: its loss
+            # still ends the curve.
+            lr = learning_rate(self.spec, step - 1, total)
+            self.emit("loss", step=step, loss=round(loss, 6), lr=lr)
 
     def end_epoch(
         self,
