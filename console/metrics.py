@@ -6,8 +6,13 @@ endpoints). Console imports none of the apps.
 
 Durations are histograms over every finished object (cumulative, as Prometheus expects),
 counted by the database in one query (``duration_histogram``).
+
+Beside them, Django's own request figures (django-prometheus's middleware: requests, latency
+and responses by view, method and status), which each process counts for itself:
+``django_exposition`` adds up every gunicorn worker's (gunicorn.conf.py).
 """
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from console.hardware import train_queues
@@ -165,3 +171,13 @@ class PlatformCollector:
         yield GaugeMetricFamily(
             "platform_scrape_timestamp_seconds", "When this scrape was made.", value=time.time()
         )
+
+
+def django_exposition() -> bytes:
+    """Django's request figures in the text format: every worker's, from the directory they
+    share where gunicorn runs several (PROMETHEUS_MULTIPROC_DIR), else this process's."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return generate_latest(REGISTRY)

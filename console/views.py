@@ -106,7 +106,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     configured (PLATFORM_METRICS_TOKEN, PLATFORM_METRICS_ALLOW); 404 to anyone else. The
     address is the client's as the trusted proxies say (a scrape through nginx from outside
     is not loopback's)."""
-    from console.metrics import PlatformCollector
+    from console.metrics import PlatformCollector, django_exposition
     from serving.prometheus import CONTENT_TYPE, exposition, scrape_allowed
 
     allowed = scrape_allowed(
@@ -117,7 +117,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
     )
     if not allowed:
         raise Http404
-    return HttpResponse(exposition(PlatformCollector()), content_type=CONTENT_TYPE)
+    figures = exposition(PlatformCollector()) + django_exposition()
+    return HttpResponse(figures, content_type=CONTENT_TYPE)
 
 
 @login_required

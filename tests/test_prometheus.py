@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -25,6 +26,7 @@ from console.services import node_register
 from runtime.net import free_port
 from tests.helpers.serving import KEY, load, route
 from tests.helpers.system import ROOT
+from tests.helpers.workers import suite_database_url
 
 MONITORING = ROOT / "platform" / "monitoring"
 PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
@@ -174,6 +176,9 @@ def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
         prometheus.value('platform_node_last_heartbeat_timestamp_seconds{node="n-live"}'), abs=5
     )
     assert prometheus.value("platform_scrape_errors") == 0
+    # Django's own figures beside them: the scrapes themselves are the console's requests.
+    scrapes = 'django_http_responses_total_by_status_view_method_total{view="metrics"}'
+    assert prometheus.value(scrapes) >= 1
     assert prometheus.value('platform_celery_queue_workers{queue="default"}') >= 1
     imported = ImportJob.objects.filter(status="succeeded", finished_at__isnull=False).count()
     assert prometheus.value('platform_import_duration_seconds_count{status="succeeded"}') == (
@@ -212,6 +217,10 @@ def test_prometheus_scrapes_the_platform_and_a_silent_node_fires_its_alert(
         return {"endpoint": name} in [r["metric"] for r in series]
 
     prometheus.wait(rate_seen)
+    # The console's own panel: its scrapes answered 200.
+    console_panel = next(p for p in dashboard["panels"] if p["title"].startswith("Console req"))
+    statuses = prometheus.query(console_panel["targets"][0]["expr"])
+    assert {"status": "200"} in [r["metric"] for r in statuses]
 
 
 def test_the_alert_rules_pass_promtool_and_their_unit_tests():
@@ -227,3 +236,63 @@ def test_the_alert_rules_pass_promtool_and_their_unit_tests():
         cwd=MONITORING,
     )
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_the_console_counts_the_requests_of_every_gunicorn_worker(tmp_path):
+    """gunicorn as the platform runs it (gunicorn.conf.py from the working directory), two
+    worker processes: /metrics, whichever worker answers it, counts every worker's requests."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": suite_database_url(),
+        "TMPDIR": str(tmp_path),  # where gunicorn.conf.py makes the workers' shared directory
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        proc = subprocess.Popen(
+            [str(ROOT / ".venv/bin/gunicorn"), "console.wsgi:application", "--bind",
+             f"127.0.0.1:{port}", "--workers", "2", "--threads", "1"],
+            cwd=ROOT, env=env, stdout=log, stderr=log,
+        )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+
+            def logins() -> float:
+                """The console's login pages served, as /metrics says."""
+                r = requests.get(
+                    f"{url}/metrics",
+                    headers={"Authorization": f"Bearer {settings.METRICS_TOKEN}"},
+                    timeout=10,
+                )
+                assert r.status_code == 200, r.text[:500]
+                return sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in r.text.splitlines()
+                    if line.startswith("django_http_responses_total_by_status_view_method_total{")
+                    and 'view="console:login"' in line
+                )
+
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    before = logins()
+                    break
+                except requests.RequestException:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+                time.sleep(0.3)
+            # Concurrent calls, so that both workers answer some (each serves one at a time).
+            with ThreadPoolExecutor(8) as pool:
+                calls = pool.map(lambda _: requests.get(f"{url}/login/", timeout=30), range(40))
+                codes = [r.status_code for r in calls]
+            assert codes == [200] * 40
+            (shared,) = tmp_path.glob("platform-metrics-*")
+            counting = {f.name.rsplit("_", 1)[1] for f in shared.glob("counter_*.db")}
+            assert len(counting) == 2, counting  # both workers count
+            # Whichever worker answers /metrics, it counts all 40.
+            assert {logins() for _ in range(6)} == {before + 40}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert not shared.exists()  # removed when gunicorn stops
