@@ -60,6 +60,9 @@ class Membership(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     # The member's notifications of this team up to this moment are read (the bell's count).
     notifications_seen_at = models.DateTimeField(default=timezone.now)
+    # When the member last came to the team's pages (moved there from another team or a new
+    # login): the console opens there after the next login.
+    last_visited_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["team__name", "user__username"]

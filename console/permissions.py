@@ -13,6 +13,7 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.utils import timezone
 from rest_framework import exceptions, permissions
 
 from console.models import Membership
@@ -20,6 +21,8 @@ from console.roles import Perm, role_allows
 from console.selectors import membership_for
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# The team of the session's last team page: where the console opens (console.views.home).
+LAST_TEAM_SESSION_KEY = "last_team"
 
 
 def check_team_access(
@@ -46,14 +49,25 @@ def team_view(*, read: Perm = Perm.TEAM_VIEW, write: Perm | None = None) -> Call
         def wrapped(request: HttpRequest, team: str, **kwargs: Any) -> HttpResponse:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
-            check_team_access(request, team, read, write)
+            membership = check_team_access(request, team, read, write)
             if request.method not in SAFE_METHODS and write is None:
                 return HttpResponseNotAllowed(SAFE_METHODS)
+            remember_team(request, membership)
             return view(request, **kwargs)
 
         return wrapped
 
     return decorator
+
+
+def remember_team(request: HttpRequest, membership: Membership) -> None:
+    """The team whose page this is, kept in the session and, once per change of team, on the
+    membership (one write when the user moves between teams, none per page), so that the next
+    login opens it too."""
+    if request.session.get(LAST_TEAM_SESSION_KEY) == membership.team.slug:
+        return
+    request.session[LAST_TEAM_SESSION_KEY] = membership.team.slug
+    Membership.objects.filter(pk=membership.pk).update(last_visited_at=timezone.now())
 
 
 class TeamPermission(permissions.BasePermission):

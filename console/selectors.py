@@ -15,6 +15,16 @@ def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).order_by("name")
 
 
+def last_visited_team(user: AbstractBaseUser) -> str | None:
+    """The slug of the team whose pages the user visited last (console.permissions)."""
+    return (
+        Membership.objects.filter(user=user, last_visited_at__isnull=False)
+        .order_by("-last_visited_at")
+        .values_list("team__slug", flat=True)
+        .first()
+    )
+
+
 def membership_for(user: AbstractBaseUser, team_slug: str) -> Membership:
     """The user's membership of the team, or 404: a team one is not in does not exist."""
     membership = (

@@ -13,7 +13,6 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Count, Model
 from django.utils import timezone
-from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
 from console import hardware
@@ -21,6 +20,7 @@ from console.hardware import NodeDevice
 from console.middleware import client_ip
 from console.models import ApiToken, AuditEvent, Device, ExternalAccount, Membership, Node, Team
 from console.roles import Role
+from console.slugs import ascii_slug
 from console.usage import devices_free
 
 User = get_user_model()
@@ -49,7 +49,7 @@ def audit_record(
 
 
 def _unique_slug(name: str) -> str:
-    base = slugify(name, allow_unicode=False)[:50] or "team"
+    base = ascii_slug(name)[:50].strip("-") or "team"
     slug, n = base, 1
     while Team.objects.filter(slug=slug).exists():
         n += 1

@@ -35,10 +35,8 @@ from console.forms import (
 from console.middleware import request_ip
 from console.models import Team
 from console.pagination import paginate, render_page
-from console.permissions import team_view
+from console.permissions import LAST_TEAM_SESSION_KEY, team_view
 from console.roles import Perm, Role, role_allows
-
-LAST_TEAM_SESSION_KEY = "last_team"
 
 
 class Logout(auth_views.LogoutView):
@@ -59,7 +57,9 @@ class Logout(auth_views.LogoutView):
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     teams = selectors.teams_for_user(request.user)
-    team = teams.filter(slug=request.session.get(LAST_TEAM_SESSION_KEY)).first() or teams.first()
+    # This session's last team, else the one last visited in any session, else the first.
+    last = request.session.get(LAST_TEAM_SESSION_KEY) or selectors.last_visited_team(request.user)
+    team = teams.filter(slug=last).first() or teams.first()
     if team is None:
         return redirect("console:team_create")
     return redirect("console:dashboard", team=team.slug)
@@ -86,7 +86,6 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 @team_view()
 def dashboard(request: HttpRequest) -> HttpResponse:
-    request.session[LAST_TEAM_SESSION_KEY] = request.team.slug
     return render(
         request,
         "console/dashboard.html",

@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from console.hardware import profiles
 from console.models import Team
 from console.services import audit_record
+from console.slugs import ascii_slug
 from deployment.models import MAX_TOKENS_DEFAULT, MAX_TOKENS_LIMIT, Endpoint, Revision
 from deployment.quality import audit_data, compare_with_serving
 from deployment.reconcile import converge_soon
@@ -110,7 +111,7 @@ def _endpoint_name(team: Team, name: str, version: ModelVersion) -> str:
         if Endpoint.objects.filter(name=slug).exists():
             raise ValidationError(_("The endpoint name %(n)s is taken.") % {"n": slug})
         return slug
-    base = (slugify(version.name) or f"{team.slug}-model")[:50]
+    base = (ascii_slug(version.name)[:50].strip("-") or f"{team.slug}-model")[:50]
     slug, n = base, 1
     while Endpoint.objects.filter(name=slug).exists():
         n += 1

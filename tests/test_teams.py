@@ -29,6 +29,10 @@ def test_team_slugs_stay_unique_and_chinese_names_work(owner, settings):
     a = services.team_create(actor=owner, name="风控模型组")
     b = services.team_create(actor=owner, name="风控模型组")
     assert a.slug != b.slug and a.name == b.name == "风控模型组"
+    # Their pinyin, heteronyms read as words (重庆 is chong-qing, 银行 yin-hang).
+    assert (a.slug, b.slug) == ("feng-kong-mo-xing-zu", "feng-kong-mo-xing-zu-2")
+    assert services.team_create(actor=owner, name="重庆银行 AI").slug == "chong-qing-yin-hang-ai"
+    assert services.team_create(actor=owner, name="★★").slug == "team"
 
 
 def test_invite_by_username_with_role(owner, team, make_user):
@@ -107,7 +111,16 @@ def test_a_user_in_several_teams_sees_and_switches_between_them(client, owner, t
     page = client.get(reverse("console:dashboard", kwargs={"team": second.slug})).content.decode()
     assert reverse("console:dashboard", kwargs={"team": team.slug}) in page
     assert "Beta" in page
-    # The console remembers the last team for the next visit.
+    # The console remembers the last team for the next visit…
+    assert client.get(reverse("console:home"))["Location"] == f"/t/{second.slug}/"
+    # …and for the next login, whichever of its pages was the last one.
+    client.get(reverse("console:members", kwargs={"team": team.slug}))
+    client.logout()
+    client.force_login(owner)
+    assert client.get(reverse("console:home"))["Location"] == f"/t/{team.slug}/"
+    client.get(reverse("console:dashboard", kwargs={"team": second.slug}))
+    client.logout()
+    client.force_login(owner)
     assert client.get(reverse("console:home"))["Location"] == f"/t/{second.slug}/"
 
 

@@ -241,3 +241,10 @@ def test_a_model_that_fails_to_load_shows_why(db, fresh_host, owner, team, model
     assert Placement.objects.get().updated_at == failed_at
     revisions = list(selectors.endpoint_revisions(endpoint))
     assert selectors.endpoint_state(endpoint, revisions) == "failed"
+
+
+def test_an_endpoint_of_a_model_named_in_chinese_is_named_in_pinyin(db, owner, team, model_version):
+    version = model_version(name="评论模型")
+    assert endpoint_deploy(actor=owner, team=team, model_version=version).name == "ping-lun-mo-xing"
+    again = endpoint_deploy(actor=owner, team=team, model_version=version)
+    assert again.name == "ping-lun-mo-xing-2"
