@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
@@ -184,3 +186,27 @@ def test_password_change_reset_and_deactivation(client, make_user):
         "password.reset",
         "user.deactivate",
     ]
+
+
+def test_switching_team_keeps_the_kind_of_page(client, owner, team, make_team):
+    from labeling.datasets import dataset_create
+
+    second = make_team("Beta", {owner: Role.VIEWER})
+    dataset = dataset_create(actor=owner, team=team, name="评论", task_kind="text_classification")
+    client.force_login(owner)
+
+    def offered(url: str) -> str:
+        """Where the switcher takes the user into the second team from ``url``."""
+        page = client.get(url).content.decode()
+        return re.search(r'<option value="([^"]+)"[^>]*>Beta</option>', page).group(1)
+
+    datasets = reverse("labeling:datasets", kwargs={"team": second.slug})
+    assert offered(reverse("labeling:datasets", kwargs={"team": team.slug})) == datasets
+    # An object's page: its section's list in the other team (which has no such object).
+    page = reverse("labeling:dataset", kwargs={"team": team.slug, "dataset_id": dataset.pk})
+    assert offered(page) == datasets
+    usage = reverse("console:usage", kwargs={"team": team.slug})
+    assert offered(usage) == reverse("console:usage", kwargs={"team": second.slug})
+    # The owners' audit log: the other team's dashboard (a viewer there).
+    audit = reverse("console:audit", kwargs={"team": team.slug})
+    assert offered(audit) == reverse("console:dashboard", kwargs={"team": second.slug})

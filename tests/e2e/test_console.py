@@ -111,6 +111,9 @@ def test_switching_teams_and_a_viewer_sees_no_write_controls(page: Page, make_us
     page.get_by_role("navigation").get_by_role("link", name="成员").click()
     expect(page.get_by_role("button", name="邀请", exact=True)).to_have_count(0)
     expect(page.get_by_role("link", name="审计日志")).to_have_count(0)
+    # Switching team keeps the kind of page: Beta's members.
+    page.get_by_test_id("team-switcher").locator("select").select_option(label="Beta")
+    expect(page).to_have_url(re.compile(r"/t/beta/members/$"))
 
 
 def test_a_directory_person_logs_in_and_finds_their_mapped_team(page: Page, directory):
