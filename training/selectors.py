@@ -1,5 +1,7 @@
 """Reads of the training app, shared by console views and the API; all scoped to a team."""
 
+from collections.abc import Iterator
+
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
@@ -49,9 +51,20 @@ def job_events(job: TrainingJob, after: int = 0, limit: int = 2000) -> list[Trai
     return list(job.events.filter(id__gt=after).order_by("id")[:limit])
 
 
+LOG_KINDS = ("log", "error", "resumed")
+
+
 def job_log_tail(job: TrainingJob, lines: int = 200) -> list[TrainingEvent]:
-    tail = job.events.filter(kind__in=("log", "error", "resumed")).order_by("-id")[:lines]
+    """The log panel's last lines: the frameworks' chatter left out (training.output)."""
+    tail = (
+        job.events.filter(kind__in=LOG_KINDS).exclude(data__has_key="noise").order_by("-id")[:lines]
+    )
     return list(reversed(tail))
+
+
+def job_log(job: TrainingJob) -> Iterator[TrainingEvent]:
+    """Every line of the job's log, every attempt's, the frameworks' chatter with them."""
+    return job.events.filter(kind__in=LOG_KINDS).order_by("id").iterator(chunk_size=2000)
 
 
 def team_model_versions(team: Team) -> QuerySet[ModelVersion]:

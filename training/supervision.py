@@ -40,6 +40,7 @@ from training.evaluations import evaluation_register
 from training.jobs import training_job_finish, training_job_pause
 from training.launch import die_with_parent, runner_device, runner_popen_args, runner_sandbox
 from training.models import TrainingEvent, TrainingJob
+from training.output import OutputFilter
 from training.registry import model_version_register
 from training.sweeps import sweep_trial_reported
 
@@ -182,13 +183,18 @@ class _Supervisor:
         self.pausing = ""
         self.paused: dict[str, Any] | None = None
         self.workdir: Path | None = None
+        self.output = OutputFilter()
 
     def line(self, text: str) -> None:
         text = text.rstrip("\n")
         if not text.startswith(EVENT_PREFIX):
             if text.strip():
-                self.log_tail.append(text[:2000])
-                self._event("log", {"message": text[:2000]})
+                data: dict[str, Any] = {"message": text[:2000]}
+                if self.output.is_noise(text):
+                    data["noise"] = True  # the full log's, not the panel's nor an error's
+                else:
+                    self.log_tail.append(text[:2000])
+                self._event("log", data)
             return
         try:
             event = json.loads(text[len(EVENT_PREFIX) :])

@@ -12,6 +12,7 @@ urlpatterns = [
     path(T + "training/", views.jobs, name="jobs"),
     path(T + "training/new/", views.job_new, name="job_new"),
     path(T + "training/<int:training_job_id>/", views.job, name="job"),
+    path(T + "training/<int:training_job_id>/log/", views.job_log, name="job_log"),
     path(T + "training/<int:training_job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path(T + "training/<int:training_job_id>/retry/", views.job_retry, name="job_retry"),
     path(T + "training/<int:training_job_id>/clone/", views.job_clone, name="job_clone"),

@@ -8,8 +8,9 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, Q
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
@@ -108,6 +109,26 @@ def job(request: HttpRequest, training_job_id: int) -> HttpResponse:
             "can_write": _can(request, Perm.TRAINING_WRITE),
         },
     )
+
+
+@team_view()
+def job_log(request: HttpRequest, training_job_id: int) -> HttpResponse:
+    """The job's whole log as a text file: every attempt's lines, the frameworks' warnings
+    that the page's panel leaves out with them."""
+    job = selectors.job_get(request.team, training_job_id)
+
+    def lines():
+        for event in selectors.job_log(job):
+            when = timezone.localtime(event.created_at).strftime("%Y-%m-%d %H:%M:%S")
+            if event.kind == "resumed":
+                text = f"— resumed from step {event.data.get('step')} —"
+            else:
+                text = str(event.data.get("message", ""))
+            yield f"{when} [{event.attempt}] {text}\n"
+
+    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-log.txt"'
+    return response
 
 
 def _job_action(

@@ -35,7 +35,8 @@
       if (e.kind === "loss") loss.push([e.data.step, e.data.loss]);
       else if (e.kind === "metrics" && e.data.split === "dev") {
         for (const [k, v] of Object.entries(e.data.metrics)) (metrics[k] = metrics[k] || []).push([e.data.step, v]);
-      } else if (e.kind === "log" || e.kind === "error") logged += e.data.message + "\n";
+      } else if ((e.kind === "log" && !e.data.noise) || e.kind === "error")
+        logged += e.data.message + "\n"; // the frameworks' chatter: in the full log only
       else if (e.kind === "resumed") logged += `— resumed from step ${e.data.step} —\n`;
     }
     if (logged) {
