@@ -20,7 +20,17 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from console import hardware, health, lockout, oidc, quotas, selectors, services, usage
+from console import (
+    hardware,
+    health,
+    lockout,
+    oidc,
+    overview,
+    quotas,
+    selectors,
+    services,
+    usage,
+)
 from console.forms import (
     AuditFilterForm,
     ChannelForm,
@@ -86,10 +96,15 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 @team_view()
 def dashboard(request: HttpRequest) -> HttpResponse:
+    steps = overview.first_run(request.team)
     return render(
         request,
         "console/dashboard.html",
-        {"member_count": selectors.team_memberships(request.team).count()},
+        {
+            "member_count": selectors.team_memberships(request.team).count(),
+            "first_run": steps,
+            "next_step": overview.next_step(steps),
+        },
     )
 
 

@@ -182,6 +182,7 @@ def version(request: HttpRequest, dataset_id: int, number: int) -> HttpResponse:
             "split_rows": [(s, v.split_counts.get(s, 0)) for s in SPLITS],
             "reasons": sorted(v.errors_by_reason.items(), key=lambda kv: -kv[1]),
             "other_versions": ds.versions.exclude(pk=v.pk),
+            "can_train": role_allows(request.membership.role, Perm.TRAINING_WRITE),
         },
     )
 

@@ -210,3 +210,38 @@ def test_switching_team_keeps_the_kind_of_page(client, owner, team, make_team):
     # The owners' audit log: the other team's dashboard (a viewer there).
     audit = reverse("console:audit", kwargs={"team": team.slug})
     assert offered(audit) == reverse("console:dashboard", kwargs={"team": second.slug})
+
+
+def test_a_new_team_is_guided_from_data_to_an_endpoint(client, owner, team):
+    from deployment.models import Endpoint
+    from labeling.datasets import dataset_create
+
+    client.force_login(owner)
+    url = reverse("console:dashboard", kwargs={"team": team.slug})
+
+    def guide() -> list[tuple[str, bool, bool]]:
+        """(step, done, the next one) as the dashboard shows them."""
+        page = client.get(url).content.decode()
+        return [
+            (name, done == "1", current != "")
+            for name, done, current in re.findall(
+                r'<li data-step="(\w+)" data-done="([01])"( aria-current="step")?', page
+            )
+        ]
+
+    assert guide() == [
+        ("upload", False, True),
+        ("label", False, False),
+        ("train", False, False),
+        ("deploy", False, False),
+    ]
+    dataset_create(actor=owner, team=team, name="评论", task_kind="text_classification")
+    # Labeling is optional (data may come labeled): training is next.
+    assert guide() == [
+        ("upload", True, False),
+        ("label", False, False),
+        ("train", False, True),
+        ("deploy", False, False),
+    ]
+    Endpoint.objects.create(team=team, name="ping-lun", task_kind="text_classification")
+    assert guide() == []  # once something serves, the dashboard is the team's own

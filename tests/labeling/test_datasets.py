@@ -255,3 +255,22 @@ def test_console_pages_show_a_version(client, owner, team, dataset):
     assert "很差" in rows and "很好" not in rows
     assert client.get(base + "report/").status_code == 200
     assert client.get(base + "download/nothing/").status_code == 404
+
+
+def test_a_version_offers_its_next_steps_by_role(client, owner, team, dataset, make_user):
+    from django.urls import reverse
+
+    version = make_version(dataset, owner, [["text", "label"], ["房间干净", "正面"]] * 5)
+    url = reverse("labeling:version", args=[team.slug, dataset.pk, version.number])
+    client.force_login(owner)
+    page = client.get(url).content.decode()
+    train = reverse("training:job_new", args=[team.slug]) + f"?version={version.pk}"
+    assert f'href="{train}" data-testid="train-link"' in page
+    # The form it opens has the version chosen.
+    form = client.get(train).content.decode()
+    assert f'<option value="{version.pk}" selected>' in form
+    viewer = make_user("kan")
+    Membership.objects.create(team=team, user=viewer, role=Role.VIEWER)
+    client.force_login(viewer)
+    page = client.get(url).content.decode()
+    assert 'data-testid="models-link"' in page and 'data-testid="train-link"' not in page
