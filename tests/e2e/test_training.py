@@ -63,6 +63,13 @@ def test_submit_a_job_watch_the_curves_open_the_report_and_deploy_it_many_ways(
         "document.querySelector('#metric-chart polyline')?.dataset.points >= 2", timeout=60_000
     )
     expect(page.get_by_test_id("progress-bar")).not_to_have_attribute("style", "width: 0%")
+    # The loss, pale, under its moving average; the slider at 0 shows the raw loss alone.
+    chart = page.get_by_test_id("loss-chart")
+    expect(chart.locator("polyline[data-name=smoothed]")).to_have_count(1)
+    expect(chart.locator("polyline[data-name=raw]")).to_have_attribute("stroke-opacity", "0.3")
+    page.get_by_test_id("loss-smoothing").fill("0")
+    expect(chart.locator("polyline")).to_have_count(1)
+    page.get_by_test_id("loss-smoothing").fill("0.6")
     shot(page, "training-job-running")
 
     # Done: the page reloads once and links the model version.

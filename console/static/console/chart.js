@@ -1,10 +1,21 @@
 // Line charts in plain SVG, shared by the console's live pages (no library, no CDN).
-// line(svg, series, names): series is a list of [[x, y], …], one polyline each.
+// line(svg, series, names, faint): series is a list of [[x, y], …], one polyline each; the
+// indexes in ``faint`` are drawn thin and pale (the raw curve under its smoothed one).
+// ema(points, weight): the exponential moving average of a curve, debiased at its start as
+// TensorBoard's smoothing is; weight 0 is the raw curve.
 (function () {
   "use strict";
   const COLOURS = ["#1456f0", "#d83931", "#2ea121", "#de7802", "#7f3bf5"];
 
-  function line(svg, series, names) {
+  function ema(points, weight) {
+    let last = 0;
+    return points.map(([x, y], i) => {
+      last = last * weight + (1 - weight) * y;
+      return [x, weight ? last / (1 - Math.pow(weight, i + 1)) : y];
+    });
+  }
+
+  function line(svg, series, names, faint) {
     const W = 400, H = 200, P = 30;
     const all = series.flat();
     svg.innerHTML = "";
@@ -32,12 +43,14 @@
       path.setAttribute("points", pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "));
       path.setAttribute("fill", "none");
       path.setAttribute("stroke", COLOURS[i % COLOURS.length]);
-      path.setAttribute("stroke-width", "2");
+      const pale = faint && faint.includes(i);
+      path.setAttribute("stroke-width", pale ? "1" : "2");
+      if (pale) path.setAttribute("stroke-opacity", "0.3");
       path.setAttribute("data-points", pts.length);
       if (names) path.setAttribute("data-name", names[i]);
       svg.appendChild(path);
     });
   }
 
-  window.platformChart = { line, COLOURS };
+  window.platformChart = { line, ema, COLOURS };
 })();

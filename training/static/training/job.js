@@ -6,7 +6,8 @@
   const root = document.getElementById("job");
   if (!root) return;
   const url = root.dataset.eventsUrl;
-  const { line, COLOURS } = window.platformChart;
+  const { line, ema, COLOURS } = window.platformChart;
+  const smoothing = document.getElementById("loss-smoothing");
   const loss = [];
   const metrics = {};
   let after = 0;
@@ -20,7 +21,12 @@
   }
 
   function draw() {
-    line(document.getElementById("loss-chart"), [loss]);
+    // The raw loss, pale, under its moving average (the slider's weight; 0: raw only).
+    const weight = +smoothing.value;
+    document.getElementById("loss-smoothing-value").textContent = weight.toFixed(2);
+    const chart = document.getElementById("loss-chart");
+    if (weight) line(chart, [loss, ema(loss, weight)], ["raw", "smoothed"], [0]);
+    else line(chart, [loss], ["raw"]);
     const names = Object.keys(metrics).filter((k) => k !== "support");
     line(document.getElementById("metric-chart"), names.map((k) => metrics[k]), names);
     document.getElementById("metric-legend").innerHTML = names
@@ -77,6 +83,7 @@
     if (active) setTimeout(poll, 1000);
     else if (wasActive) { wasActive = false; window.location.reload(); }
   }
+  smoothing.addEventListener("input", draw);
   document.getElementById("log").textContent = "";
   poll();
 })();
