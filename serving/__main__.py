@@ -68,6 +68,10 @@ def main(argv: list[str]) -> int:
         proxy_headers=False,  # nothing reads the client's address
         log_level="info",
         timeout_graceful_shutdown=10,
+        # Longer than clients keep an idle connection (httpx and the openai client: 5 s, as
+        # uvicorn's own default): a server that closes first races a client reusing it, which
+        # then sees "Server disconnected without sending a response". nginx's 75 s.
+        timeout_keep_alive=75,
     )
     return 0
 
