@@ -13,6 +13,8 @@ from console.models import Team
 # Each takes a team and returns the bytes it keeps in storage of one kind (uploads, base
 # models, model versions…); registered by the apps in their AppConfig.ready().
 storage_counters: dict[str, Callable[[Team], int]] = {}
+# Their names as pages show them (registered with them; the kind itself where none is).
+storage_labels: dict[str, str] = {}
 
 GB = 1024**3
 
@@ -28,6 +30,10 @@ def team_storage_quota(team: Team) -> int | None:
 def team_storage_usage(team: Team) -> dict[str, int]:
     """The bytes the team keeps, by kind."""
     return {kind: count(team) for kind, count in storage_counters.items()}
+
+
+def storage_label(kind: str) -> str:
+    return str(storage_labels.get(kind, kind))
 
 
 def team_storage_used(team: Team) -> int:

@@ -104,13 +104,15 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "member_count": selectors.team_memberships(request.team).count(),
             "first_run": steps,
             "next_step": overview.next_step(steps),
+            "panels": overview.team_panels(request.team),
         },
     )
 
 
 @login_required
 def health_panel(request: HttpRequest) -> HttpResponse:
-    """The health panel of the dashboard, refreshed by htmx."""
+    """The health strip of the dashboard, refreshed by htmx: each service alive or down, and
+    for site staff what each check found."""
     return render(request, "console/_health.html", {"checks": health.platform_health()})
 
 

@@ -9,10 +9,11 @@ class DeploymentConfig(AppConfig):
 
     def ready(self) -> None:
         from console.metrics import collectors
-        from console.overview import first_steps
+        from console.overview import first_steps, panels
         from console.usage import serving_usage
         from deployment.metrics import endpoint_usage, serving_metrics
         from deployment.overview import first_steps as deployment_first_steps
+        from deployment.overview import panels as deployment_panels
         from deployment.rollout import refuse_deleting_served_version
         from training.registry import model_version_delete_checks
 
@@ -20,3 +21,4 @@ class DeploymentConfig(AppConfig):
         serving_usage.append(endpoint_usage)
         collectors.append(serving_metrics)
         first_steps.append(deployment_first_steps)
+        panels.append(deployment_panels)

@@ -14,13 +14,17 @@ class TrainingConfig(AppConfig):
 
     def ready(self) -> None:
         from console.metrics import collectors
-        from console.overview import first_steps
-        from console.quotas import storage_counters
+        from console.overview import first_steps, panels
+        from console.quotas import storage_counters, storage_labels
         from training.metrics import job_metrics
         from training.overview import first_steps as training_first_steps
+        from training.overview import panels as training_panels
         from training.selectors import team_base_model_bytes, team_model_version_bytes
 
         storage_counters["base_models"] = team_base_model_bytes
         storage_counters["model_versions"] = team_model_version_bytes
+        storage_labels["base_models"] = _("Base models")
+        storage_labels["model_versions"] = _("Model versions")
         collectors.append(job_metrics)
         first_steps.append(training_first_steps)
+        panels.append(training_panels)

@@ -7,6 +7,10 @@ from django.utils.translation import gettext_lazy as _
 from console.models import Created, Team
 from labeling.models import DatasetVersion
 from labeling.task_kinds import KIND_CHOICES
+from runtime.baselines import PRIMARY_METRICS
+
+# A generative model's figure, where its kind has none in PRIMARY_METRICS (runtime.llm's report).
+GENERATIVE_HEADLINES = ("rouge_l", "exact_match", "accuracy_generation")
 
 
 class Backend(models.TextChoices):
@@ -312,6 +316,17 @@ class ModelVersion(Created):
                 for label in dict.fromkeys([*ours, *theirs, *guess])
             ],
         }
+
+
+def headline_metric(version: "ModelVersion") -> tuple[str, float] | None:
+    """The figure of its test split a version is judged by (its kind's primary metric), for
+    the lists that show one number a version; None if its report has none."""
+    metrics = version.metrics or {}
+    names = [PRIMARY_METRICS[version.task_kind]] if version.task_kind in PRIMARY_METRICS else []
+    for name in (*names, *GENERATIVE_HEADLINES):
+        if isinstance(metrics.get(name), int | float):
+            return name, float(metrics[name])
+    return None
 
 
 class Sweep(Created):

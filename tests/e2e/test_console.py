@@ -31,7 +31,8 @@ def test_admin_first_session(page: Page, live_server, celery_worker_process):
     # The dashboard shows the database, Redis and the worker alive.
     health = page.get_by_test_id("health")
     for check in ("database", "redis", "worker"):
-        expect(health.locator(f'tr[data-check="{check}"] .badge')).to_have_text("正常")
+        expect(health.locator(f'li[data-check="{check}"]')).to_have_attribute("data-ok", "true")
+        expect(health.locator(f'li[data-check="{check}"] .badge')).to_contain_text("正常")
     shot(page, "dashboard")
 
     # A site administrator creates an account, the owner invites it as annotator.
