@@ -2,6 +2,7 @@ from django import forms
 from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
+from console.pickers import SearchSelect
 from console.services import KEY_MAX_DAYS
 from deployment.models import MAX_TOKENS_DEFAULT, MAX_TOKENS_LIMIT
 from serving.engines import BUILTIN, ENGINES
@@ -31,7 +32,10 @@ class KnobsForm(forms.Form):
 
 class DeployForm(KnobsForm):
     model_version = forms.ModelChoiceField(
-        queryset=ModelVersion.objects.none(), label=_("Model version"), empty_label=None
+        queryset=ModelVersion.objects.none(),
+        label=_("Model version"),
+        empty_label=None,
+        widget=SearchSelect(search_fields=("name",), number_field="number"),
     )
     name = forms.SlugField(
         max_length=60,
@@ -65,7 +69,10 @@ class DeployForm(KnobsForm):
 
 class CanaryForm(KnobsForm):
     model_version = forms.ModelChoiceField(
-        queryset=ModelVersion.objects.none(), label=_("Model version"), empty_label=None
+        queryset=ModelVersion.objects.none(),
+        label=_("Model version"),
+        empty_label=None,
+        widget=SearchSelect(search_fields=("name",), number_field="number"),
     )
     weight = forms.IntegerField(min_value=0, max_value=100, initial=10, label=_("Traffic %"))
     field_order = ["model_version", "weight"]
@@ -128,7 +135,12 @@ class AdapterForm(forms.Form):
 
 
 class JudgeForm(forms.Form):
-    endpoint = forms.ModelChoiceField(queryset=None, label=_("Judge endpoint"), empty_label=None)
+    endpoint = forms.ModelChoiceField(
+        queryset=None,
+        label=_("Judge endpoint"),
+        empty_label=None,
+        widget=SearchSelect(search_fields=("name", "description")),
+    )
     rubric = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 8}),
         label=_("Rubric"),
@@ -144,7 +156,12 @@ class JudgeForm(forms.Form):
 
 
 class PreannotateForm(forms.Form):
-    endpoint = forms.ModelChoiceField(queryset=None, label=_("Endpoint"), empty_label=None)
+    endpoint = forms.ModelChoiceField(
+        queryset=None,
+        label=_("Endpoint"),
+        empty_label=None,
+        widget=SearchSelect(search_fields=("name", "description")),
+    )
 
     def __init__(self, *args, endpoints, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -153,7 +170,10 @@ class PreannotateForm(forms.Form):
 
 class EndpointEvaluateForm(forms.Form):
     evaluation_set = forms.ModelChoiceField(
-        queryset=None, label=_("Evaluation set"), empty_label=None
+        queryset=None,
+        label=_("Evaluation set"),
+        empty_label=None,
+        widget=SearchSelect(search_fields=("dataset__name",), number_field="number"),
     )
     adapter = forms.ChoiceField(label=_("Called as"), required=False)
     max_new_tokens = forms.IntegerField(

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from console.forms import error_text
 from console.pagination import paginate
 from console.permissions import team_view
+from console.pickers import pick_response
 from console.roles import Perm, role_allows
 from deployment import rollout, selectors
 from deployment.adapters import adapter_add, adapter_remove, adapter_versions
@@ -72,6 +73,8 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
     if request.GET.get("version", "").isdigit():
         initial["model_version"] = int(request.GET["version"])
     form = DeployForm(request.POST or None, team=request.team, initial=initial)
+    if picked := pick_response(request, form):
+        return picked
     if request.method == "POST" and form.is_valid():
         try:
             endpoint = rollout.endpoint_deploy(
@@ -87,7 +90,11 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
 
 @team_view()
 def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
-    return _render_endpoint(request, selectors.endpoint_get(request.team, endpoint_id))
+    endpoint = selectors.endpoint_get(request.team, endpoint_id)
+    choosers = CanaryForm(endpoint=endpoint), _evaluate_form(request, endpoint, [])
+    if picked := pick_response(request, *choosers):
+        return picked
+    return _render_endpoint(request, endpoint)
 
 
 def _render_endpoint(request: HttpRequest, endpoint, new_key: str | None = None) -> HttpResponse:
@@ -342,6 +349,8 @@ def evaluation_judge(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         endpoints=judge_endpoints(evaluation),
         initial={"rubric": evaluation.judge.get("rubric") or DEFAULT_RUBRIC},
     )
+    if picked := pick_response(request, form):
+        return picked
     if request.method == "POST" and form.is_valid():
         try:
             judge_start(actor=request.user, evaluation=evaluation, **form.cleaned_data)
@@ -364,6 +373,8 @@ def preannotate(request: HttpRequest, project_id: int) -> HttpResponse:
         task_kind=project.source_version.dataset.task_kind
     )
     form = PreannotateForm(request.POST or None, endpoints=endpoints)
+    if picked := pick_response(request, form):
+        return picked
     if request.method == "POST" and form.is_valid():
         try:
             preannotate_start(

@@ -1,13 +1,51 @@
 from django import forms
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
+from console.models import Team
+from console.pickers import SearchSelect, Source
 from labeling.models import DatasetVersion
 from runtime.data import HEADS, OBJECTIVES
 from runtime.presets import DEFAULT_PRESET, FAST_PRESETS, LLM_PRESETS, PRESETS
-from training.models import Backend, TrainingJob
+from training.models import CAUSAL_LM, Backend, BaseModel, TrainingJob
 
 METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
+
+
+class ModelOrPresetField(forms.ChoiceField):
+    """``preset:<name>`` (the presets, listed in full) or ``base:<name>`` (a base model the team
+    may use, found by the chooser's search: a site may hold thousands)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(widget=SearchSelect(search_fields=("name",)), **kwargs)
+        self.base_models = BaseModel.objects.none()
+
+    def offer(self, presets: list, base_models: QuerySet[BaseModel], team: Team) -> None:
+        """Offer ``presets`` and ``base_models``, less the shared ones that a model of the team
+        shadows (a job by name takes the team's own first)."""
+        shadowed = BaseModel.objects.filter(
+            team=team, name=OuterRef("name"), backend=OuterRef("backend")
+        )
+        self.base_models = base_models.exclude(Q(team__isnull=True) & Exists(shadowed))
+        self.choices = presets
+        self.widget.source = Source(
+            queryset=self.base_models,
+            value=lambda m: f"base:{m.name}",
+            label=lambda m: (
+                f"{m.name} ({m.backend}, "
+                + str(_("this team") if m.team_id else _("shared site-wide"))
+                + ")"
+            ),
+            find=lambda v: Q(name=v.removeprefix("base:")) if v.startswith("base:") else None,
+            fixed=presets,
+            group=str(_("Imported base models")),
+        )
+
+    def valid_value(self, value) -> bool:
+        if str(value).startswith("base:"):
+            return self.base_models.filter(name=str(value).removeprefix("base:")).exists()
+        return super().valid_value(value)
 
 
 class TrainingForm(forms.Form):
@@ -19,10 +57,13 @@ class TrainingForm(forms.Form):
 
     # No empty choice: the newest version of the first dataset is chosen until the user picks.
     dataset_version = forms.ModelChoiceField(
-        queryset=DatasetVersion.objects.none(), label=_("Dataset version"), empty_label=None
+        queryset=DatasetVersion.objects.none(),
+        label=_("Dataset version"),
+        empty_label=None,
+        widget=SearchSelect(search_fields=("dataset__name",), number_field="number"),
     )
     backend = forms.ChoiceField(choices=Backend.choices, initial="paddle", label=_("Backend"))
-    model = forms.ChoiceField(label=_("Base model or preset"))
+    model = ModelOrPresetField(label=_("Base model or preset"))
     device_type = forms.ChoiceField(choices=device_choices, initial="cpu", label=_("Device"))
     metric = forms.ChoiceField(choices=METRICS, initial="macro_f1", label=_("Dev metric"))
     name = forms.CharField(max_length=100, required=False, label=_("Name"))
@@ -174,54 +215,38 @@ class JobForm(TrainingForm):
             self.fields["priority"].choices = [
                 c for c in TrainingJob.Priority.choices if c[0] != TrainingJob.Priority.TOP
             ]
-        # A job by name takes the team's own model first: a shared one it shadows is not offered.
-        own = {(m.name, m.backend) for m in base_models if m.team_id is not None}
-        base_models = [
-            m for m in base_models if m.team_id is not None or (m.name, m.backend) not in own
-        ]
-        self.fields["model"].choices = [
-            ("preset:", _("Default for the task kind and device")),
-            (
-                _("Fast presets (CPU)"),
-                [
-                    (f"preset:{p}", f"{p} ({', '.join(c['kinds'])})")
-                    for p, c in FAST_PRESETS.items()
-                ],
-            ),
-            (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
-            (_("Presets of large models"), [(f"preset:{p}", p) for p in LLM_PRESETS]),
-            (
-                _("Imported base models"),
-                [
-                    (
-                        f"base:{m.name}",
-                        f"{m.name} ({m.backend}, "
-                        + str(_("this team") if m.team_id else _("shared site-wide"))
-                        + ")",
-                    )
-                    for m in base_models
-                ],
-            ),
-        ]
-
+        self.fields["model"].offer(
+            [
+                ("preset:", _("Default for the task kind and device")),
+                (
+                    _("Fast presets (CPU)"),
+                    [
+                        (f"preset:{p}", f"{p} ({', '.join(c['kinds'])})")
+                        for p, c in FAST_PRESETS.items()
+                    ],
+                ),
+                (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
+                (_("Presets of large models"), [(f"preset:{p}", p) for p in LLM_PRESETS]),
+            ],
+            base_models,
+            team,
+        )
         self.fields["model"].help_text = self.DEFAULT_HELP % {
             "fast": ", ".join(FAST_PRESETS),
             "transformer": DEFAULT_PRESET,
         }
         # A pretrained encoder the team imported is the better start: offered first.
-        own = [
-            m
-            for m in base_models
-            if m.team_id is not None
-            and m.backend == self.fields["backend"].initial
-            and not m.summary.get("causal_lm")
-        ]
+        own = (
+            base_models.filter(team=team, backend=self.fields["backend"].initial)
+            .exclude(CAUSAL_LM)
+            .first()
+        )
         if own and not self.is_bound:
-            self.initial.setdefault("model", f"base:{own[0].name}")
+            self.initial.setdefault("model", f"base:{own.name}")
             self.fields["model"].help_text = _(
                 "%(name)s, the pretrained model your team imported, is chosen: fine-tuning it "
                 "usually beats a model trained from scratch. %(default)s"
-            ) % {"name": own[0].name, "default": self.fields["model"].help_text}
+            ) % {"name": own.name, "default": self.fields["model"].help_text}
 
     MAIN = (
         "dataset_version",
@@ -322,19 +347,15 @@ class SweepForm(TrainingForm):
 
     def __init__(self, *args, team, base_models, **kwargs) -> None:
         super().__init__(*args, team=team, task_kinds=list(HEADS), **kwargs)
-        self.fields["model"].choices = [
-            ("preset:", _("Default for the task kind and device")),
-            (_("Fast presets (CPU)"), [(f"preset:{p}", p) for p in FAST_PRESETS]),
-            (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
-            (
-                _("Imported base models"),
-                [
-                    (f"base:{m.name}", f"{m.name} ({m.backend})")
-                    for m in base_models
-                    if not m.summary.get("causal_lm")
-                ],
-            ),
-        ]
+        self.fields["model"].offer(
+            [
+                ("preset:", _("Default for the task kind and device")),
+                (_("Fast presets (CPU)"), [(f"preset:{p}", p) for p in FAST_PRESETS]),
+                (_("Presets"), [(f"preset:{p}", p) for p in PRESETS]),
+            ],
+            base_models.exclude(CAUSAL_LM),
+            team,
+        )
         for name, (low, high, log, choices) in self.SEARCH_DEFAULTS.items():
             self.fields[f"search_{name}"] = forms.BooleanField(
                 required=False, label=self.SEARCH_LABELS[name]

@@ -7,7 +7,7 @@ does with a job is in ``scheduling`` (the claim) and ``supervision`` (the run)."
 import json
 import tempfile
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +57,20 @@ def _job_labels(version: DatasetVersion) -> list[str]:
 MAX_BUDGET_MINUTES = 7 * 24 * 60
 
 
-def _validated_hyperparameters(
-    task_kind: str, preset: str | None, given: dict, objective: str = ""
-) -> Hyperparameters:
+def recommended_values(task_kind: str, preset: str | None, objective: str = "") -> dict:
+    """The hyperparameters recommended for the kind and preset (None: an imported model)."""
     start = asdict(recommended(task_kind, preset=preset))
     if objective == TrainingJob.Objective.MLM:  # pretraining's own (runtime.mlm)
         from runtime.mlm import RECOMMENDED
 
         start.update(RECOMMENDED["preset" if preset else "base"])
-    values = {**start, **(given or {})}
+    return start
+
+
+def _validated_hyperparameters(
+    task_kind: str, preset: str | None, given: dict, objective: str = ""
+) -> Hyperparameters:
+    values = {**recommended_values(task_kind, preset, objective), **(given or {})}
     try:
         hp = Hyperparameters.from_dict(values)
         for name, kind in Hyperparameters.__annotations__.items():
@@ -174,27 +179,34 @@ def token_report(
 MULTI_DEVICE_BACKENDS = ("paddle", "torch")
 
 
-def training_job_submit(
+@dataclass(frozen=True)
+class JobPlan:
+    """What a job on these choices trains: the task kind, the base model or the preset that the
+    defaults resolve to, and the hyperparameters recommended for them (before the user's)."""
+
+    kind: str
+    generative: bool
+    pretrain: bool
+    model: BaseModel | None
+    preset: str
+    name: str
+    recommended: dict
+
+
+def job_plan(
     *,
-    actor: AbstractBaseUser,
     team: Team,
     dataset_version: DatasetVersion,
     backend: str = "paddle",
     base_model: str = "",
     preset: str = "",
-    hyperparameters: dict | None = None,
     device_type: str = "cpu",
     device_count: int = 1,
-    priority: int = TrainingJob.Priority.NORMAL,
-    name: str = "",
-    origin: TrainingJob | None = None,
-    max_hours: float | None = None,
     objective: str = "",
-) -> TrainingJob:
-    """Queue a training job on the queue of its device type. Checked and tokenised outside
-    any transaction: only the job's row is written in one (SQLite's write lock is short).
-    ``objective`` "mlm" pretrains an encoder on the version's texts instead: its result is a
-    base model of the team named ``name`` (``pretraining_checks``)."""
+    name: str = "",
+) -> JobPlan:
+    """The model a job would train, resolved and checked as its submission does; the new-job
+    form's live preview and ``training_job_submit`` both ask it."""
     dataset = dataset_version.dataset
     if dataset.team_id != team.pk:
         raise ValidationError(_("No such dataset version."))
@@ -253,6 +265,56 @@ def training_job_submit(
             else _("%(model)s is an encoder; instruction and preference data need a causal LM.")
             % {"model": model.name}
         )
+    return JobPlan(
+        kind=kind,
+        generative=generative,
+        pretrain=pretrain,
+        model=model,
+        preset="" if model else preset,
+        name=name,
+        recommended=recommended_values(kind, None if model else preset, objective),
+    )
+
+
+def training_job_submit(
+    *,
+    actor: AbstractBaseUser,
+    team: Team,
+    dataset_version: DatasetVersion,
+    backend: str = "paddle",
+    base_model: str = "",
+    preset: str = "",
+    hyperparameters: dict | None = None,
+    device_type: str = "cpu",
+    device_count: int = 1,
+    priority: int = TrainingJob.Priority.NORMAL,
+    name: str = "",
+    origin: TrainingJob | None = None,
+    max_hours: float | None = None,
+    objective: str = "",
+) -> TrainingJob:
+    """Queue a training job on the queue of its device type. Checked and tokenised outside
+    any transaction: only the job's row is written in one (SQLite's write lock is short).
+    ``objective`` "mlm" pretrains an encoder on the version's texts instead: its result is a
+    base model of the team named ``name`` (``pretraining_checks``)."""
+    plan = job_plan(
+        team=team,
+        dataset_version=dataset_version,
+        backend=backend,
+        base_model=base_model,
+        preset=preset,
+        device_type=device_type,
+        device_count=device_count,
+        objective=objective,
+        name=name,
+    )
+    dataset, kind, generative, pretrain = (
+        dataset_version.dataset,
+        plan.kind,
+        plan.generative,
+        plan.pretrain,
+    )
+    model, preset, name = plan.model, plan.preset, plan.name
     labels = [] if generative or pretrain else _job_labels(dataset_version)
     if not generative and not pretrain and len(labels) < (1 if kind == "ner" else 2):
         raise ValidationError(

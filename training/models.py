@@ -18,6 +18,11 @@ class Backend(models.TextChoices):
     TORCH = "torch", "PyTorch (Transformers)"
 
 
+# The base models that are causal LMs, as a query (has_key first: a summary without the key
+# must not make the comparison NULL, which a NOT would drop).
+CAUSAL_LM = models.Q(summary__has_key="causal_lm", summary__causal_lm=True)
+
+
 class BaseModel(Created):
     """A pretrained model carried into the site and imported from disk: its files in storage,
     each with its sha256 in ``manifest``. ``team`` empty: shared by every team of the site."""

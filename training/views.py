@@ -18,6 +18,7 @@ from console.forms import error_text
 from console.hardware import profiles
 from console.pagination import paginate, render_page
 from console.permissions import team_view
+from console.pickers import pick_response
 from console.roles import Perm, Role, role_allows
 from runtime.compress import MODES as QUANTIZATION_MODES
 from runtime.estimate import estimates
@@ -76,6 +77,8 @@ def _job_form_page(
         initial=initial,
         top_priority=_top_priority(request),
     )
+    if picked := pick_response(request, form):
+        return picked
     if request.method == "POST" and form.is_valid():
         try:
             job = training_job_submit(
@@ -90,7 +93,8 @@ def _job_form_page(
 
 @team_view(write=Perm.TRAINING_WRITE)
 def job_new(request: HttpRequest) -> HttpResponse:
-    initial = {"model": "preset:"}
+    # No model given: the form chooses the team's own encoder where it has one, else the default.
+    initial = {}
     if request.GET.get("version"):
         initial["dataset_version"] = request.GET["version"]
     return _job_form_page(request, initial)
@@ -540,6 +544,8 @@ def sweep_new(request: HttpRequest) -> HttpResponse:
         base_models=selectors.team_base_models(request.team),
         initial=initial,
     )
+    if picked := pick_response(request, form):
+        return picked
     if request.method == "POST" and form.is_valid():
         try:
             sweep = sweep_create(actor=request.user, team=request.team, **form.sweep_fields())
