@@ -1,3 +1,6 @@
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from django import forms
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils.translation import gettext_lazy as _
@@ -7,8 +10,12 @@ from console.models import Team
 from console.pickers import SearchSelect, Source
 from labeling.models import DatasetVersion
 from runtime.data import HEADS, OBJECTIVES
+from runtime.kinds import TaskKind
 from runtime.presets import DEFAULT_PRESET, FAST_PRESETS, LLM_PRESETS, PRESETS
 from training.models import CAUSAL_LM, Backend, BaseModel, TrainingJob
+
+if TYPE_CHECKING:
+    from training.jobs import JobPlan
 
 METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
 
@@ -70,6 +77,7 @@ class TrainingForm(forms.Form):
 
     def __init__(self, *args, team, task_kinds: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.team = team
         self.fields["dataset_version"].queryset = (
             DatasetVersion.objects.filter(dataset__team=team, dataset__task_kind__in=task_kinds)
             .select_related("dataset")
@@ -123,13 +131,43 @@ class JobForm(TrainingForm):
         label=_("Maximum hours"),
         help_text=_("Empty: the site's limit (TRAINING_MAX_HOURS)."),
     )
-    epochs = forms.IntegerField(min_value=1, required=False, label=_("Epochs"))
-    batch_size = forms.IntegerField(min_value=1, required=False, label=_("Batch size"))
-    learning_rate = forms.FloatField(required=False, label=_("Learning rate"))
-    max_seq_length = forms.IntegerField(required=False, label=_("Max sequence length"))
-    warmup_ratio = forms.FloatField(required=False, label=_("Warm-up ratio"))
-    weight_decay = forms.FloatField(required=False, label=_("Weight decay"))
-    seed = forms.IntegerField(required=False, label=_("Seed"))
+    epochs = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label=_("Epochs"),
+        help_text=_("Passes over the training split; early stopping may end sooner."),
+    )
+    batch_size = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label=_("Batch size"),
+        help_text=_("Rows per step; larger is faster per row and needs more memory."),
+    )
+    learning_rate = forms.FloatField(
+        required=False,
+        label=_("Learning rate"),
+        help_text=_("The optimiser's step size; the most telling setting."),
+    )
+    max_seq_length = forms.IntegerField(
+        required=False,
+        label=_("Max sequence length"),
+        help_text=_("Tokens a row is cut to; longer texts are read in overlapping windows."),
+    )
+    warmup_ratio = forms.FloatField(
+        required=False,
+        label=_("Warm-up ratio"),
+        help_text=_("The share of steps in which the learning rate rises from zero."),
+    )
+    weight_decay = forms.FloatField(
+        required=False,
+        label=_("Weight decay"),
+        help_text=_("Pulls weights towards zero against overfitting."),
+    )
+    seed = forms.IntegerField(
+        required=False,
+        label=_("Seed"),
+        help_text=_("The same seed, data and settings train the same model."),
+    )
     early_stopping_patience = forms.IntegerField(
         min_value=0,
         required=False,
@@ -148,30 +186,71 @@ class JobForm(TrainingForm):
             "exports the best checkpoint."
         ),
     )
-    threshold = forms.FloatField(required=False, label=_("Multi-label threshold"))
-    dropout = forms.FloatField(required=False, label=_("Dropout"))
+    threshold = forms.FloatField(
+        required=False,
+        label=_("Multi-label threshold"),
+        help_text=_("A label is predicted from this probability on."),
+    )
+    dropout = forms.FloatField(
+        required=False,
+        label=_("Dropout"),
+        help_text=_("The share of units dropped while training, against overfitting."),
+    )
     # Large models (instruction and preference data).
     method = forms.ChoiceField(
         choices=[("", _("recommended")), ("lora", "LoRA"), ("full", _("full fine-tuning"))],
         required=False,
         label=_("Method"),
+        help_text=_("LoRA trains small adapters on the frozen model; full trains every weight."),
     )
-    lora_rank = forms.IntegerField(min_value=1, required=False, label=_("LoRA rank"))
-    lora_alpha = forms.IntegerField(min_value=1, required=False, label=_("LoRA alpha"))
-    lora_dropout = forms.FloatField(required=False, label=_("LoRA dropout"))
+    lora_rank = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label=_("LoRA rank"),
+        help_text=_("The adapters' width: more can learn more and takes more memory."),
+    )
+    lora_alpha = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label=_("LoRA alpha"),
+        help_text=_("Scales the adapters' output (alpha / rank); usually twice the rank."),
+    )
+    lora_dropout = forms.FloatField(
+        required=False,
+        label=_("LoRA dropout"),
+        help_text=_("Dropout on the adapters' input."),
+    )
     lora_target_modules = forms.CharField(
         required=False,
         label=_("LoRA target modules"),
         help_text=_("Comma-separated layer names; empty: the architecture's default."),
     )
     gradient_accumulation_steps = forms.IntegerField(
-        min_value=1, required=False, label=_("Gradient accumulation steps")
+        min_value=1,
+        required=False,
+        label=_("Gradient accumulation steps"),
+        help_text=_("Batches added up before a step: a larger batch in the same memory."),
     )
-    recompute = forms.BooleanField(required=False, label=_("Recompute activations"))
-    packing = forms.BooleanField(required=False, label=_("Pack conversations"))
-    dpo_beta = forms.FloatField(required=False, label=_("DPO beta"))
+    recompute = forms.BooleanField(
+        required=False,
+        label=_("Recompute activations"),
+        help_text=_("Less memory for about a third more time."),
+    )
+    packing = forms.BooleanField(
+        required=False,
+        label=_("Pack conversations"),
+        help_text=_("Several short conversations per sequence: faster on short rows."),
+    )
+    dpo_beta = forms.FloatField(
+        required=False,
+        label=_("DPO beta"),
+        help_text=_("How far the tuned model may move from the base; lower moves further."),
+    )
     max_new_tokens = forms.IntegerField(
-        min_value=1, required=False, label=_("New tokens per evaluation generation")
+        min_value=1,
+        required=False,
+        label=_("New tokens per evaluation generation"),
+        help_text=_("The length of the answers the report shows for held-out prompts."),
     )
     min_rating = forms.IntegerField(
         min_value=0,
@@ -262,6 +341,74 @@ class JobForm(TrainingForm):
 
     def hyperparameter_fields(self) -> list:
         return [self[name] for name in self.HYPERPARAMETERS]
+
+    # What a job's plan asks of each field that only some jobs use; the others always apply.
+    ONLY_FOR: dict[str, Callable[["JobPlan", dict], bool]] = {
+        "objective": lambda plan, data: not plan.generative,
+        "metric": lambda plan, data: not plan.generative and not plan.pretrain,
+        "threshold": lambda plan, data: plan.kind == TaskKind.MULTI_LABEL,
+        "dropout": lambda plan, data: not plan.generative,
+        "method": lambda plan, data: plan.generative,
+        "lora_rank": lambda plan, data: plan.generative and data["method"] == "lora",
+        "lora_alpha": lambda plan, data: plan.generative and data["method"] == "lora",
+        "lora_dropout": lambda plan, data: plan.generative and data["method"] == "lora",
+        "lora_target_modules": lambda plan, data: plan.generative and data["method"] == "lora",
+        "gradient_accumulation_steps": lambda plan, data: plan.generative,
+        "recompute": lambda plan, data: plan.generative,
+        "packing": lambda plan, data: plan.kind == TaskKind.INSTRUCTION,
+        "min_rating": lambda plan, data: plan.kind == TaskKind.INSTRUCTION,
+        "dpo_beta": lambda plan, data: plan.kind == TaskKind.PREFERENCE,
+        "max_new_tokens": lambda plan, data: plan.generative,
+    }
+
+    def plan_choices(self) -> dict | None:
+        """The choices ``job_plan`` takes, as entered (a bound form's valid ones) or as the page
+        offers them; None until a dataset version is chosen."""
+        if self.is_bound:
+            data = getattr(self, "cleaned_data", {})
+            if not {"dataset_version", "backend", "model", "device_type"} <= data.keys():
+                return None
+            return {
+                **self.model_fields(),
+                "device_count": data.get("device_count") or 1,
+                "objective": data.get("objective") or "",
+                "name": data.get("name") or "",
+            }
+        version = self.initial.get("dataset_version") or self.fields["dataset_version"].initial
+        versions = self.fields["dataset_version"].queryset
+        version = (
+            versions.filter(pk=version).first() if str(version).isdigit() else versions.first()
+        )
+        if version is None:
+            return None
+        kind, _sep, model = str(self.initial.get("model") or "preset:").partition(":")
+        return {
+            "dataset_version": version,
+            "backend": self.initial.get("backend") or self.fields["backend"].initial,
+            "base_model": model if kind == "base" else "",
+            "preset": model if kind == "preset" else "",
+            "device_type": self.initial.get("device_type") or self.fields["device_type"].initial,
+            "device_count": self.initial.get("device_count") or 1,
+            "objective": self.initial.get("objective") or "",
+            "name": "",
+        }
+
+    def guide(self, plan: "JobPlan") -> None:
+        """Fit the form to ``plan``: each hyperparameter's recommended value as its placeholder,
+        and the fields its kind and method do not use hidden (their values kept)."""
+        method = (self.data.get("method") if self.is_bound else "") or plan.recommended["method"]
+        self.hidden = {
+            name for name, applies in self.ONLY_FOR.items() if not applies(plan, {"method": method})
+        }
+        for name in (*self.HYPERPARAMETERS, *self.LLM_HYPERPARAMETERS):
+            value = plan.recommended.get(name)
+            if isinstance(value, bool | list) or value is None or name == "method":
+                continue
+            self.fields[name].widget.attrs["placeholder"] = (
+                f"{value:g}" if isinstance(value, float) else str(value)
+            )
+
+    hidden: set[str] = set()
 
     def llm_fields(self) -> list:
         return [self[name] for name in self.LLM_HYPERPARAMETERS]

@@ -1,5 +1,6 @@
 """Reads of the training app, shared by console views and the API; all scoped to a team."""
 
+import statistics
 from collections.abc import Iterator
 
 from django.core.exceptions import ValidationError
@@ -169,3 +170,70 @@ def model_evaluation_get(team: Team, evaluation_id: int) -> ModelEvaluation:
         ),
         pk=evaluation_id,
     )
+
+
+ESTIMATE_FROM = 5  # recent finished jobs an estimate is made from
+
+
+def duration_estimate(
+    *, preset: str, base_model_id: int | None, device_type: str, rows: int, epochs: int
+) -> dict | None:
+    """How long a job of ``epochs`` over ``rows`` training rows takes, from the last jobs of
+    the same model on the same device type that succeeded on this site: their start-up, and
+    their seconds per training row and epoch (evaluation included). None without such jobs.
+    Only times are read: nothing of another team's job shows."""
+    same = Q(base_model_id=base_model_id) if base_model_id else Q(preset=preset, base_model=None)
+    done = (
+        TrainingJob.objects.filter(
+            same,
+            status=TrainingJob.Status.SUCCEEDED,
+            device_type=device_type,
+            started_at__isnull=False,
+            first_step_at__isnull=False,
+            finished_at__isnull=False,
+            epoch__gt=0,
+        )
+        .order_by("-finished_at")
+        .values_list(
+            "started_at", "first_step_at", "finished_at", "epoch", "dataset_version__split_counts"
+        )[:ESTIMATE_FROM]
+    )
+    startup, per_row = [], []
+    for started, first_step, finished, ran, splits in done:
+        trained = (splits or {}).get("train") or 0
+        if trained:
+            startup.append((first_step - started).total_seconds())
+            per_row.append((finished - first_step).total_seconds() / (trained * ran))
+    if not per_row:
+        return None
+    seconds = statistics.median(startup) + rows * epochs * statistics.median(per_row)
+    return {"seconds": max(1, round(seconds)), "jobs": len(per_row)}
+
+
+def job_curves(
+    jobs: list[TrainingJob], points: int
+) -> dict[int, tuple[list[list[float]], dict[str, list[list[float]]]]]:
+    """Per job (by id), in one query: its training loss by step, thinned evenly to ``points``
+    at most (the last kept), and each dev metric by epoch. A later attempt's figure replaces
+    an earlier one's of the same step or epoch."""
+    loss: dict[int, dict[int, float]] = {job.pk: {} for job in jobs}
+    dev: dict[int, dict[str, dict[int, float]]] = {job.pk: {} for job in jobs}
+    events = TrainingEvent.objects.filter(job__in=jobs, kind__in=("loss", "metrics"))
+    for job_id, kind, data in events.order_by("id").values_list("job_id", "kind", "data"):
+        if kind == "loss" and isinstance(data.get("loss"), int | float):
+            loss[job_id][int(data.get("step") or 0)] = float(data["loss"])
+        elif kind == "metrics" and data.get("split") == "dev" and data.get("epoch") is not None:
+            for name, value in (data.get("metrics") or {}).items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    dev[job_id].setdefault(name, {})[int(data["epoch"])] = float(value)
+    curves = {}
+    for job in jobs:
+        steps = sorted(loss[job.pk].items())
+        if len(steps) > points:
+            stride = len(steps) / points
+            steps = [steps[int(i * stride)] for i in range(points - 1)] + [steps[-1]]
+        curves[job.pk] = (
+            [[step, value] for step, value in steps],
+            {name: sorted([e, v] for e, v in by.items()) for name, by in dev[job.pk].items()},
+        )
+    return curves

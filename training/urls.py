@@ -11,6 +11,7 @@ AJ = A + "training-jobs/<int:training_job_id>/"
 urlpatterns = [
     path(T + "training/", views.jobs, name="jobs"),
     path(T + "training/new/", views.job_new, name="job_new"),
+    path(T + "training/compare/", views.jobs_compare, name="jobs_compare"),
     path(T + "training/<int:training_job_id>/", views.job, name="job"),
     path(T + "training/<int:training_job_id>/log/", views.job_log, name="job_log"),
     path(T + "training/<int:training_job_id>/cancel/", views.job_cancel, name="job_cancel"),

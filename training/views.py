@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
@@ -40,7 +40,12 @@ from training.edge import NEEDS as EDGE_RUNTIMES
 from training.evaluations import evaluation_submit, leaderboard_table
 from training.evaluations import leaderboard as evaluations_leaderboard
 from training.forms import BaseModelImportForm, JobForm, ModelImportForm, SweepForm
-from training.jobs import training_job_cancel, training_job_retry, training_job_submit
+from training.jobs import (
+    job_plan,
+    training_job_cancel,
+    training_job_retry,
+    training_job_submit,
+)
 from training.models import ModelEvaluation, ModelVersion, TrainingJob
 from training.registry import model_version_delete, model_version_import, model_version_targets
 from training.sweeps import param_importances, sweep_create, sweep_trials
@@ -69,7 +74,9 @@ def jobs(request: HttpRequest) -> HttpResponse:
 def _job_form_page(
     request: HttpRequest, initial: dict, origin: TrainingJob | None = None
 ) -> HttpResponse:
-    """The new-job page (a clone of ``origin`` where given): the form, and the job it submits."""
+    """The new-job page (a clone of ``origin`` where given): the form, and the job it submits.
+    Each change asks the page again for a preview (htmx): the form fitted to what the choices
+    resolve to, its errors beside their fields, and how long the job may take."""
     form = JobForm(
         request.POST or None,
         team=request.team,
@@ -79,7 +86,8 @@ def _job_form_page(
     )
     if picked := pick_response(request, form):
         return picked
-    if request.method == "POST" and form.is_valid():
+    preview = request.method == "POST" and request.GET.get("preview") == "1"
+    if request.method == "POST" and form.is_valid() and not preview:
         try:
             job = training_job_submit(
                 actor=request.user, team=request.team, origin=origin, **form.job_fields()
@@ -88,7 +96,72 @@ def _job_form_page(
             form.add_error(None, error_text(exc))
         else:
             return redirect("training:job", team=request.team.slug, training_job_id=job.pk)
-    return render(request, "training/job_new.html", {"form": form, "origin": origin})
+    context = {"form": form, "origin": origin, **_job_guide(form, preview)}
+    if preview:
+        # What the page's script applies to the form as it stands (training/job_form.js):
+        # the user's typing since the change is never replaced.
+        context["guide"] = json.dumps(
+            {
+                "placeholders": {
+                    name: field.widget.attrs.get("placeholder", "")
+                    for name, field in form.fields.items()
+                },
+                "hidden": sorted(form.hidden),
+                "errors": {name: [str(e) for e in errors] for name, errors in form.errors.items()},
+            },
+            ensure_ascii=False,
+        )
+        return render(request, "training/_job_guide.html", context)
+    return render(request, "training/job_new.html", context)
+
+
+def _job_guide(form: JobForm, preview: bool) -> dict:
+    """The form fitted to the job its choices make (``JobForm.guide``) and the job's estimated
+    duration; in a preview, errors only beside the fields the user has filled in."""
+    if preview:
+        form.is_valid()
+        for name in list(form.errors):
+            if name != NON_FIELD_ERRORS and form.data.get(name) in (None, ""):
+                del form.errors[name]
+    choices = form.plan_choices()
+    if choices is None:
+        return {}
+    try:
+        plan = job_plan(team=form.team, **choices)
+    except ValidationError as exc:
+        if preview:
+            form.add_error("model", error_text(exc))
+        return {}
+    form.guide(plan)
+    cleaned = getattr(form, "cleaned_data", {})
+    epochs = cleaned.get("epochs") or plan.recommended["epochs"]
+    rows = choices["dataset_version"].split_counts.get("train", 0)
+    estimate = selectors.duration_estimate(
+        preset=plan.preset,
+        base_model_id=plan.model.pk if plan.model else None,
+        device_type=choices["device_type"],
+        rows=rows,
+        epochs=epochs,
+    )
+    budget = cleaned.get("max_minutes") or plan.recommended["max_minutes"]
+    if estimate and budget:
+        estimate["seconds"] = min(estimate["seconds"], round(60 * budget))
+    if estimate:
+        estimate["duration"] = _duration_text(estimate["seconds"])
+    return {
+        "plan": plan,
+        "estimate": estimate,
+        "estimate_rows": rows,
+        "estimate_epochs": epochs,
+    }
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds < 90:
+        return _("%(n)d seconds") % {"n": round(seconds)}
+    if seconds < 90 * 60:
+        return _("%(n)d minutes") % {"n": round(seconds / 60)}
+    return _("%(n).1f hours") % {"n": seconds / 3600}
 
 
 @team_view(write=Perm.TRAINING_WRITE)
@@ -434,6 +507,8 @@ def models_compare(request: HttpRequest) -> HttpResponse:
 
 
 MAX_COMPARED = 12  # versions side by side: a readable page, and a bounded one
+MAX_CURVES = 5  # jobs whose curves one chart overlays (a colour each)
+CURVE_POINTS = 400  # a loss curve's points at most, evenly thinned
 
 
 def _differ(values: list) -> bool:
@@ -586,3 +661,36 @@ def sweep_cancel(request: HttpRequest, sweep_id: int) -> HttpResponse:
     else:
         messages.success(request, _("The hyperparameter search is cancelled."))
     return redirect("training:sweep", team=request.team.slug, sweep_id=sweep.pk)
+
+
+@team_view()
+def jobs_compare(request: HttpRequest) -> HttpResponse:
+    """The curves of several jobs on one chart each: the training loss (smoothed as on a job's
+    page) and every dev metric per evaluation."""
+    given = request.GET.getlist("ids")
+    ids = list(dict.fromkeys(int(i) for i in given if i.isdigit() and len(i) <= 18))
+    if len(ids) > MAX_CURVES:
+        messages.warning(
+            request,
+            _("At most %(n)d jobs are compared: the first %(n)d are shown.") % {"n": MAX_CURVES},
+        )
+        ids = ids[:MAX_CURVES]
+    found = {j.pk: j for j in selectors.team_jobs(request.team).filter(pk__in=ids)}
+    jobs = [found[i] for i in ids if i in found]
+    curves = selectors.job_curves(jobs, CURVE_POINTS)
+    series = [
+        {"id": job.pk, "name": job.name, "loss": curves[job.pk][0], "dev": curves[job.pk][1]}
+        for job in jobs
+    ]
+    metrics = sorted({name for s in series for name in s["dev"]})
+    return render(
+        request,
+        "training/jobs_compare.html",
+        {
+            "jobs": jobs,
+            "series": series,
+            "metrics": metrics,
+            "metric": next((m for m in ("macro_f1", "f1", "micro_f1") if m in metrics), None)
+            or (metrics[0] if metrics else ""),
+        },
+    )

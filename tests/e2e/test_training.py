@@ -15,6 +15,7 @@ from console.roles import Role
 from labeling.datasets import dataset_create
 from tests.helpers.browser import login, open_report, shot, submit_job, wait_endpoint_ready
 from tests.helpers.data import make_jsonl_version, rows_for
+from training.jobs import recommended_values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -37,6 +38,22 @@ def test_submit_a_job_watch_the_curves_open_the_report_and_deploy_it_many_ways(
     version = make_jsonl_version(dataset, engineer, rows, mapping)
 
     login(page, "wang", "Wang-Pass-2026")
+    # The form guides as it is filled in: the chosen model's recommended values as
+    # placeholders, a wrong value refused beside its field, nothing typed lost meanwhile.
+    page.goto(f"/t/{team.slug}/training/new/?version={version.pk}")
+    form = page.get_by_test_id("job-form")
+    transformer = recommended_values("text_classification", "ernie-micro-char")
+    form.locator("#id_model").select_option("preset:ernie-micro-char")
+    expect(form.locator("#id_learning_rate")).to_have_attribute(
+        "placeholder", f"{transformer['learning_rate']:g}"
+    )
+    expect(page.get_by_test_id("job-plan")).to_contain_text("ernie-micro-char")
+    expect(form.locator('[data-field="threshold"]')).to_be_hidden()
+    form.locator("#id_batch_size").fill("0")
+    form.locator("#id_seed").fill("7")
+    form.locator("#id_seed").press("Tab")
+    expect(form.locator('[data-field="batch_size"] .errorlist')).to_be_visible()
+    expect(form.locator("#id_seed")).to_have_value("7")
     page.goto(f"/t/{team.slug}/training/")
     submit_job(
         page,
@@ -121,6 +138,16 @@ def test_submit_a_job_watch_the_curves_open_the_report_and_deploy_it_many_ways(
     comparison = page.get_by_test_id("comparison")
     expect(comparison.locator("thead th")).to_have_count(4)
     expect(page.get_by_test_id("compare-made-from").nth(1)).to_contain_text("int8")
+
+    # The training, compression and distillation jobs' curves on one chart, ticked in the list.
+    page.goto(f"/t/{team.slug}/training/")
+    for box in page.locator('[data-testid="jobs"] input[name="ids"]').all():
+        box.check()
+    page.get_by_test_id("compare-jobs").click()
+    expect(page.get_by_test_id("compared-jobs").locator("tbody tr")).to_have_count(3)
+    expect(page.locator("#compare-loss-chart polyline").first).to_be_attached()
+    expect(page.locator("#compare-metric-chart polyline").first).to_be_attached()
+    shot(page, "training-compare-curves")
     expect(page.get_by_test_id("compare-made-from").nth(2)).to_contain_text("distill")
     for cell in page.get_by_test_id("compare-b32").all():
         expect(cell).not_to_have_text("–")
