@@ -44,11 +44,13 @@ $(VENV)/.installed: pyproject.toml platform/runtime-dist/pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --no-deps -e platform/runtime-dist
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml tests/oidc/package-lock.json
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml tests/oidc/package-lock.json tests/e2e/axe/package-lock.json
 	$(PY) -m pip install --quiet -e '.[test,bench]'
-	@# The single sign-on tests' OpenID provider (tests/oidc/): the certified oidc-provider.
+	@# The single sign-on tests' OpenID provider (tests/oidc/): the certified oidc-provider;
+	@# axe-core for the browser tests' accessibility check (tests/e2e/axe/).
 	@if command -v npm >/dev/null; then npm ci --prefix tests/oidc --no-audit --no-fund --silent; \
-	else echo "no npm: the single sign-on tests will be skipped (install Node.js)"; fi
+	npm ci --prefix tests/e2e/axe --no-audit --no-fund --silent; \
+	else echo "no npm: the single sign-on and accessibility tests will be skipped (install Node.js)"; fi
 	touch $@
 
 # Translations are compiled with Babel at install: no GNU gettext needed on the machine.
