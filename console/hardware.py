@@ -34,6 +34,15 @@ class DeviceProfile:
     # Tested on the platform's own machines (CPU), or declared from the vendor's documentation.
     tested: bool
     limits: tuple[str, ...] = field(default=())
+    # The limits in other languages, by language code (a profile's ``[limits_i18n]`` table:
+    # ``zh-hans = ["…"]``): profiles are the site's files, outside the message catalogue.
+    limits_i18n: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
+
+    def shown_limits(self) -> tuple[str, ...]:
+        """The limits in the active language where the profile has them, else as written."""
+        from django.utils.translation import get_language
+
+        return self.limits_i18n.get(get_language() or "", self.limits)
 
 
 @cache
@@ -42,6 +51,7 @@ def profiles() -> dict[str, DeviceProfile]:
     for path in sorted(PROFILES_DIR.glob("*.toml")):
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         data["limits"] = tuple(data.get("limits", ()))
+        data["limits_i18n"] = {k: tuple(v) for k, v in data.get("limits_i18n", {}).items()}
         found[data["name"]] = DeviceProfile(**data)
     if "cpu" not in found:
         raise RuntimeError(f"no cpu profile in {PROFILES_DIR}")

@@ -516,7 +516,10 @@ def team_usage(request: HttpRequest) -> HttpResponse:
             "by_job": usage.summary(uses, "job"),
             "serving": [r for collect in usage.serving_usage for r in collect(request.team, start)],
             "months": usage.monthly_hours(request.team),
-            "storage": quotas.team_storage_usage(request.team),
+            "storage": {
+                quotas.storage_label(kind): size
+                for kind, size in quotas.team_storage_usage(request.team).items()
+            },
             "storage_quota": quotas.team_storage_quota(request.team),
             "jobs_at_once": usage.concurrency_limit(request.team),
         },

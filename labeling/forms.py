@@ -99,7 +99,7 @@ class LabelingProjectForm(forms.Form):
     split = forms.ChoiceField(
         label=_("Split"),
         required=False,
-        choices=[("", "—"), ("train", "train"), ("dev", "dev"), ("test", "test")],
+        choices=[("", "—"), *pipeline.SPLIT_LABELS.items()],
     )
 
     def __init__(self, *args, **kwargs) -> None:

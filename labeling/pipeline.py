@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from labeling.normalize import Normalizer
 from labeling.readers import open_records
@@ -26,6 +27,12 @@ from labeling.task_kinds.base import Kind, RowError
 from runtime.kinds import TaskKind
 
 SPLITS = ("train", "dev", "test")
+# The splits as pages name them.
+SPLIT_LABELS = {
+    "train": gettext_lazy("training set"),
+    "dev": gettext_lazy("dev set"),
+    "test": gettext_lazy("test set"),
+}
 PAGE_INDEX_STEP = 1000
 LENGTH_BINS = (0, 10, 20, 50, 100, 200, 500, 1000)
 PROGRESS_EVERY = 20_000

@@ -29,7 +29,7 @@ from labeling.forms import (
 )
 from labeling.imports import import_start, version_merge
 from labeling.models import ImportJob
-from labeling.pipeline import LENGTH_BINS, SPLITS
+from labeling.pipeline import LENGTH_BINS, SPLIT_LABELS, SPLITS
 from labeling.projects import (
     WEBHOOK_SECRET_HEADER,
     labeling_project_create,
@@ -179,7 +179,7 @@ def version(request: HttpRequest, dataset_id: int, number: int) -> HttpResponse:
             "label_bars": bars(stats.get("labels", {})),
             "length_bars": bars(length_bars(stats), limit=100),
             "entity_bars": bars(stats.get("entities", {})),
-            "split_rows": [(s, v.split_counts.get(s, 0)) for s in SPLITS],
+            "split_rows": [(SPLIT_LABELS[s], v.split_counts.get(s, 0)) for s in SPLITS],
             "reasons": sorted(v.errors_by_reason.items(), key=lambda kv: -kv[1]),
             "other_versions": ds.versions.exclude(pk=v.pk),
             "can_train": role_allows(request.membership.role, Perm.TRAINING_WRITE),
@@ -212,7 +212,7 @@ def version_rows(request: HttpRequest, dataset_id: int, number: int) -> HttpResp
             "filters": filters,
             "query": query.urlencode(),
             "labels": list(v.stats.get("labels", {})),
-            "splits": SPLITS,
+            "splits": SPLIT_LABELS,
             "fields": task_kinds.get(ds.task_kind).row_fields(),
         },
     )

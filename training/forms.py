@@ -3,6 +3,7 @@ from typing import TYPE_CHECKING
 
 from django import forms
 from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from console.hardware import device_choices
@@ -12,12 +13,18 @@ from labeling.models import DatasetVersion
 from runtime.data import HEADS, OBJECTIVES
 from runtime.kinds import TaskKind
 from runtime.presets import DEFAULT_PRESET, FAST_PRESETS, LLM_PRESETS, PRESETS
-from training.models import CAUSAL_LM, Backend, BaseModel, TrainingJob
+from training.models import CAUSAL_LM, DEV_METRICS, Backend, BaseModel, TrainingJob
 
 if TYPE_CHECKING:
     from training.jobs import JobPlan
 
-METRICS = [(m, m) for m in ("macro_f1", "micro_f1", "weighted_f1", "accuracy")]
+METRIC_LABELS = {
+    "macro_f1": _("macro-averaged F1"),
+    "micro_f1": _("micro-averaged F1"),
+    "weighted_f1": _("weighted F1"),
+    "accuracy": _("accuracy"),
+}
+METRICS = [(m, METRIC_LABELS[m]) for m in DEV_METRICS]
 
 
 class ModelOrPresetField(forms.ChoiceField):
@@ -507,21 +514,24 @@ class SweepForm(TrainingForm):
             self.fields[f"search_{name}"] = forms.BooleanField(
                 required=False, label=self.SEARCH_LABELS[name]
             )
-            self.fields[f"{name}_low"] = forms.FloatField(
-                required=False, initial=low, label=_("low")
-            )
-            self.fields[f"{name}_high"] = forms.FloatField(
-                required=False, initial=high, label=_("high")
-            )
-            self.fields[f"{name}_log"] = forms.BooleanField(
-                required=False, initial=log, label=_("logarithmic")
-            )
-            self.fields[f"{name}_choices"] = forms.CharField(
-                required=False,
-                initial=choices,
-                label=_("or choices"),
-                help_text=_("Comma-separated; instead of a range."),
-            )
+            what = self.SEARCH_LABELS[name]
+            # Each control named with its hyperparameter: the table's columns alone do not.
+            for suffix, field in (
+                ("low", forms.FloatField(required=False, initial=low, label=_("low"))),
+                ("high", forms.FloatField(required=False, initial=high, label=_("high"))),
+                ("log", forms.BooleanField(required=False, initial=log, label=_("logarithmic"))),
+                (
+                    "choices",
+                    forms.CharField(
+                        required=False,
+                        initial=choices,
+                        label=_("or choices"),
+                        help_text=_("Comma-separated; instead of a range."),
+                    ),
+                ),
+            ):
+                field.widget.attrs["aria-label"] = format_lazy("{}: {}", what, field.label)
+                self.fields[f"{name}_{suffix}"] = field
 
     MAIN = (
         "dataset_version",

@@ -9,6 +9,8 @@ from labeling.models import DatasetVersion
 from labeling.task_kinds import KIND_CHOICES
 from runtime.baselines import PRIMARY_METRICS
 
+# The dev metrics that can pick a job's best checkpoint (and a sweep's best trial).
+DEV_METRICS = ("macro_f1", "micro_f1", "weighted_f1", "accuracy")
 # A generative model's figure, where its kind has none in PRIMARY_METRICS (runtime.llm's report).
 GENERATIVE_HEADLINES = ("rouge_l", "exact_match", "accuracy_generation")
 

@@ -40,7 +40,7 @@ from labeling.models import DatasetVersion
 from runtime.data import HEADS
 from runtime.presets import default_preset, recommended
 from training.jobs import _validated_hyperparameters, training_job_cancel, training_job_submit
-from training.models import ModelVersion, Sweep, TrainingEvent, TrainingJob
+from training.models import DEV_METRICS, ModelVersion, Sweep, TrainingEvent, TrainingJob
 from training.registry import model_version_delete
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -55,7 +55,6 @@ SEARCHABLE: dict[str, type] = {
     "warmup_ratio": float,
     "max_seq_length": int,
 }
-METRICS = ("macro_f1", "micro_f1", "weighted_f1", "accuracy")
 MAX_TRIALS = 200
 MAX_CHOICES = 20
 # Pruning: a trial is judged from its second epoch (the first is mostly warm-up), once two
@@ -326,8 +325,10 @@ def sweep_create(
             _("%(v)s has no dev split: trials are compared on their dev metric.")
             % {"v": dataset_version}
         )
-    if metric not in METRICS:
-        raise ValidationError(_("The dev metric is one of %(all)s.") % {"all": ", ".join(METRICS)})
+    if metric not in DEV_METRICS:
+        raise ValidationError(
+            _("The dev metric is one of %(all)s.") % {"all": ", ".join(DEV_METRICS)}
+        )
     if not 2 <= n_trials <= MAX_TRIALS:
         raise ValidationError(_("A sweep has 2 to %(n)d trials.") % {"n": MAX_TRIALS})
     most = min(n_trials, settings.TRAINING_MAX_CONCURRENT_PER_USER)

@@ -15,3 +15,11 @@ def field(row: dict, name: str) -> str:
     if isinstance(value, list):
         return ", ".join(str(v) for v in value)
     return "" if value is None else str(value)
+
+
+@register.filter
+def split_label(split: str) -> str:
+    """A split's name as pages show it (training set…); an unknown one as it is."""
+    from labeling.pipeline import SPLIT_LABELS
+
+    return str(SPLIT_LABELS.get(split, split))

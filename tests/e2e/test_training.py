@@ -138,6 +138,11 @@ def test_submit_a_job_watch_the_curves_open_the_report_and_deploy_it_many_ways(
     comparison = page.get_by_test_id("comparison")
     expect(comparison.locator("thead th")).to_have_count(4)
     expect(page.get_by_test_id("compare-made-from").nth(1)).to_contain_text("int8")
+    expect(page.get_by_test_id("compare-made-from").nth(2)).to_contain_text("distill")
+    for cell in page.get_by_test_id("compare-b32").all():
+        expect(cell).not_to_have_text("–")
+    expect(comparison.locator('tr[data-label="负面"]')).to_be_visible()
+    shot(page, "training-compare-family")
 
     # The training, compression and distillation jobs' curves on one chart, ticked in the list.
     page.goto(f"/t/{team.slug}/training/")
@@ -148,11 +153,6 @@ def test_submit_a_job_watch_the_curves_open_the_report_and_deploy_it_many_ways(
     expect(page.locator("#compare-loss-chart polyline").first).to_be_attached()
     expect(page.locator("#compare-metric-chart polyline").first).to_be_attached()
     shot(page, "training-compare-curves")
-    expect(page.get_by_test_id("compare-made-from").nth(2)).to_contain_text("distill")
-    for cell in page.get_by_test_id("compare-b32").all():
-        expect(cell).not_to_have_text("–")
-    expect(comparison.locator('tr[data-label="负面"]')).to_be_visible()
-    shot(page, "training-compare-family")
 
     # The parent deployed, the INT8 version beside it as a 10 % canary.
     page.goto(parent_page)

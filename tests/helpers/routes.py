@@ -54,17 +54,19 @@ def object_factories(team, owner) -> dict:
     from training.models import BaseModel, ModelVersion, Sweep
 
     def version():
-        dataset = dataset_create(actor=owner, team=team, name="ds", task_kind="text_classification")
+        dataset = dataset_create(
+            actor=owner, team=team, name="评论", task_kind="text_classification"
+        )
         return make_version(dataset, owner)
 
     v = version()
     job = training_job_submit(actor=owner, team=team, dataset_version=v)
     base = BaseModel.objects.create(
-        team=team, name="base", backend="paddle", architecture="ernie", storage_prefix="x/"
+        team=team, name="基座", backend="paddle", architecture="ernie", storage_prefix="x/"
     )
     model_version = ModelVersion.objects.create(
         team=team,
-        name="ds",
+        name="评论",
         number=1,
         job=job,
         dataset_version=v,
@@ -92,7 +94,7 @@ def object_factories(team, owner) -> dict:
     from training.models import ModelEvaluation
 
     evaluation_set = make_version(
-        dataset_create(actor=owner, team=team, name="exam", task_kind="evaluation"),
+        dataset_create(actor=owner, team=team, name="考试", task_kind="evaluation"),
         owner,
         [["question", "A", "B", "C", "D", "answer"], ["1+1?", "1", "2", "3", "4", "B"]],
     )

@@ -30,7 +30,7 @@
     line(document.getElementById("qps-chart"), [pts("qps")]);
     line(document.getElementById("latency-chart"), [withData("p50_ms"), withData("p95_ms"), withData("p99_ms")], ["p50", "p95", "p99"]);
     document.getElementById("latency-legend").innerHTML = ["p50", "p95", "p99"]
-      .map((k, i) => `<span style="color:${COLOURS[i]}">■ ${k}</span>`).join(" ");
+      .map((k, i) => `<span><span style="color:${COLOURS[i]}" aria-hidden="true">■</span> ${k}</span>`).join(" ");
     line(document.getElementById("error-chart"), [pts("error_rate")]);
     if (root.dataset.generative !== undefined) {
       set("tokens_per_s", fmt(t.tokens_per_s, 1));
@@ -38,7 +38,7 @@
       line(document.getElementById("tokens-chart"), [pts("tokens_per_s")]);
       line(document.getElementById("ttft-chart"), [withData("ttft_p50_ms"), withData("ttft_p95_ms")], ["p50", "p95"]);
       document.getElementById("ttft-legend").innerHTML = ["p50", "p95"]
-        .map((k, i) => `<span style="color:${COLOURS[i]}">■ ${k}</span>`).join(" ");
+        .map((k, i) => `<span><span style="color:${COLOURS[i]}" aria-hidden="true">■</span> ${k}</span>`).join(" ");
     }
   }
 

@@ -30,7 +30,7 @@
     const names = Object.keys(metrics).filter((k) => k !== "support");
     line(document.getElementById("metric-chart"), names.map((k) => metrics[k]), names);
     document.getElementById("metric-legend").innerHTML = names
-      .map((k, i) => `<span style="color:${COLOURS[i % COLOURS.length]}">■ ${k}</span>`).join(" ");
+      .map((k, i) => `<span><span style="color:${COLOURS[i % COLOURS.length]}" aria-hidden="true">■</span> ${k}</span>`).join(" ");
   }
 
   function apply(job, events) {
