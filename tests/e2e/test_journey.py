@@ -146,7 +146,13 @@ def test_a_new_team_walks_the_whole_chain(
     li_context, li = new_user_page(browser, base)
     login(li, "li", "Li-Pass-2026")
     expect(li.get_by_role("heading", name="酒店点评组")).to_be_visible()
-    new_dataset(li, "酒店评论", labels="好评, 差评")
+    # From here to a served model the engineer types no address: the dashboard's guide, the
+    # navigation and the links of each page lead the way.
+    guide = li.get_by_test_id("first-run")
+    expect(guide.locator('li[aria-current="step"]')).to_contain_text("上传数据集")
+    shot(li, "journey-02b-guide")
+    guide.get_by_role("link", name="上传数据集").click()
+    new_dataset(li, "酒店评论", labels="好评, 差评", navigate=False)
 
     rows = reviews()
     for position, text in zip((2, 6), UNLABELED, strict=True):
@@ -210,7 +216,8 @@ def test_a_new_team_walks_the_whole_chain(
     expect(li.get_by_test_id("job-status")).to_be_visible()
     second_job = TrainingJob.objects.exclude(pk=first_job.pk).get(team=team)
 
-    li.goto(f"/t/{team.slug}/training/{first_job.pk}/")
+    li.get_by_role("navigation").get_by_role("link", name="模型训练").click()
+    li.locator(f'[data-testid="jobs"] a[href$="/training/{first_job.pk}/"]').click()
     open_report(li, ("差评", "好评"), "酒店评论 v2")
     shot(li, "journey-10-report")
 
@@ -246,11 +253,22 @@ def test_a_new_team_walks_the_whole_chain(
     endpoint_page = li.url
 
     # -- 6. The second model version as a 10 % canary; promoted; rolled back. --------------
-    li.goto(f"/t/{team.slug}/training/{second_job.pk}/")
+    # The dashboard now shows the team's work: the endpoint with its last hour, the jobs, the
+    # models with their figure, the labeling project, the storage and what was done.
+    li.get_by_role("navigation").get_by_role("link", name="概览").click()
+    expect(li.locator('[data-panel="endpoints"]')).to_contain_text("hotel-reviews")
+    expect(li.locator('[data-panel="models"]')).to_contain_text("酒店评论 v1")
+    expect(li.locator('[data-panel="labeling"]')).to_contain_text("第一轮")
+    expect(li.get_by_test_id("first-run")).to_have_count(0)
+    shot(li, "journey-11b-overview")
+    li.get_by_role("navigation").get_by_role("link", name="模型训练").click()
+    li.locator(f'[data-testid="jobs"] a[href$="/training/{second_job.pk}/"]').click()
     expect(li.get_by_test_id("job-status")).to_have_attribute(
         "data-status", "succeeded", timeout=180_000
     )
-    li.goto(endpoint_page)
+    li.get_by_role("navigation").get_by_role("link", name="推理服务").click()
+    li.get_by_role("link", name="hotel-reviews").click()
+    assert li.url.rstrip("/") == endpoint_page.rstrip("/")
     canary = li.get_by_test_id("canary-form")
     canary.locator("#id_model_version").select_option(label="酒店评论 v2")
     expect(canary.locator("#id_weight")).to_have_value("10")

@@ -39,11 +39,13 @@ def admin_creates_team(page: Page, name: str) -> None:
     expect(page.get_by_role("heading", name=name)).to_be_visible()
 
 
-def new_dataset(page: Page, name: str, labels: str = "") -> None:
-    """A text-classification dataset made on the datasets page; its page."""
+def new_dataset(page: Page, name: str, labels: str = "", navigate: bool = True) -> None:
+    """A text-classification dataset made on the datasets page (reached by the navigation,
+    unless the page is there already); its page."""
     from playwright.sync_api import expect
 
-    page.get_by_role("navigation").get_by_role("link", name="数据集").click()
+    if navigate:
+        page.get_by_role("navigation").get_by_role("link", name="数据集").click()
     form = page.get_by_test_id("new-dataset")
     form.get_by_label("名称").fill(name)
     form.get_by_label("任务类型").select_option("text_classification")
