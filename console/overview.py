@@ -12,7 +12,6 @@ number of objects (tests/test_query_counts.py).
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.core.cache import cache
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -108,16 +107,12 @@ ACTIVITY = {
     "endpoint.rollback": gettext_lazy("rolled back"),
     "endpoint.delete": gettext_lazy("deleted the endpoint"),
 }
-STORAGE_CACHE_S = 60  # the figure adds up every stored object's size: not on each visit
 
 
 def console_panels(team: Team) -> list[Panel]:
-    """The team's storage against its quota, and its recent work: two queries a counter, one."""
-    key = f"overview-storage:{team.pk}"
-    storage = cache.get(key)
-    if storage is None:
-        storage = quotas.team_storage_usage(team)
-        cache.set(key, storage, STORAGE_CACHE_S)
+    """The team's storage against its quota (an aggregate a kind of stored object), and its
+    recent work."""
+    storage = quotas.team_storage_usage(team)
     used, quota = sum(storage.values()), quotas.team_storage_quota(team)
     events = list(
         AuditEvent.objects.filter(team=team, action__in=ACTIVITY)

@@ -5,9 +5,11 @@ team's."""
 import re
 from datetime import timedelta
 
+from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils import timezone
 
+from console import quotas
 from console.models import Role
 from deployment.models import Endpoint, MetricSample
 from labeling.datasets import dataset_create
@@ -106,6 +108,10 @@ def test_the_overview_shows_the_teams_work_each_linked(client, owner, team, make
     assert 'data-action="training.job_submit"' in activity and "qA" in activity
     assert 'data-action="dataset.create"' in activity
 
-    assert 'data-panel="storage"' in page
+    # Storage: what the team's model version's files take, added up by the database.
+    stored = sum(f["size"] for f in ours["model"].files.values())
+    assert stored > 0 and ours["model"].stored_bytes == stored
+    assert quotas.team_storage_usage(team)["model_versions"] == stored
+    assert f"{filesizeformat(stored)}</span>" in _panel(page, "storage")
     for name in ("qB", "rB", "modelB", "标注B", "epB", "评论B"):
         assert name not in page, name

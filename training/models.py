@@ -9,6 +9,12 @@ from labeling.models import DatasetVersion
 from labeling.task_kinds import KIND_CHOICES
 from runtime.baselines import PRIMARY_METRICS
 
+
+def files_bytes(files: dict) -> int:
+    """The bytes of ``{path: {"size": …}}``, as a manifest or a version lists its files."""
+    return sum(int(f.get("size") or 0) for f in (files or {}).values() if isinstance(f, dict))
+
+
 # The dev metrics that can pick a job's best checkpoint (and a sweep's best trial).
 DEV_METRICS = ("macro_f1", "micro_f1", "weighted_f1", "accuracy")
 # A generative model's figure, where its kind has none in PRIMARY_METRICS (runtime.llm's report).
@@ -38,6 +44,8 @@ class BaseModel(Created):
     # What the import found: layers, hidden size, heads, vocabulary size, parameters…
     summary = models.JSONField(default=dict)
     manifest = models.JSONField(default=dict)  # {"files": {path: {"sha256", "size"}}}
+    # What its files take in storage (the sizes in ``manifest``), kept for the team's sums.
+    stored_bytes = models.BigIntegerField(default=0, editable=False)
     storage_prefix = models.CharField(max_length=255)
     source = models.CharField(max_length=500, blank=True)
     # The pretraining job (objective "mlm") whose result this is; empty for an import.
@@ -57,6 +65,12 @@ class BaseModel(Created):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        self.stored_bytes = files_bytes((self.manifest or {}).get("files") or {})
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "stored_bytes"}
+        super().save(*args, **kwargs)
 
     @property
     def size_bytes(self) -> int:
@@ -264,6 +278,8 @@ class ModelVersion(Created):
     # Where its files are: ``<prefix>export/…``, ``<prefix>checkpoint/…``.
     storage_prefix = models.CharField(max_length=255)
     files = models.JSONField(default=dict)  # {relative path: {"sha256", "size"}}
+    # What its files take in storage (the sizes in ``files``), kept for the team's sums.
+    stored_bytes = models.BigIntegerField(default=0, editable=False)
     # Lineage as it was where the model was trained, for an imported version.
     provenance = models.JSONField(default=dict, blank=True)
     # A compressed version: the version it was made from, and how (runtime.compress: method,
@@ -284,6 +300,12 @@ class ModelVersion(Created):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.number}"
+
+    def save(self, *args, **kwargs) -> None:
+        self.stored_bytes = files_bytes(self.files)
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "stored_bytes"}
+        super().save(*args, **kwargs)
 
     @property
     def baseline_comparison(self) -> dict | None:

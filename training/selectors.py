@@ -4,7 +4,7 @@ import statistics
 from collections.abc import Iterator
 
 from django.core.exceptions import ValidationError
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
@@ -90,14 +90,12 @@ def model_versions_get(team: Team, ids: list[int]) -> list[ModelVersion]:
 def team_base_model_bytes(team: Team) -> int:
     """What the team's own base models take in storage (console.quotas; shared ones are the
     site's)."""
-    manifests = BaseModel.objects.filter(team=team).values_list("manifest", flat=True)
-    return sum(f["size"] for m in manifests for f in m.get("files", {}).values())
+    return BaseModel.objects.filter(team=team).aggregate(n=Sum("stored_bytes"))["n"] or 0
 
 
 def team_model_version_bytes(team: Team) -> int:
     """What the team's model versions take in storage (console.quotas)."""
-    files = ModelVersion.objects.filter(team=team).values_list("files", flat=True)
-    return sum(f["size"] for fs in files for f in fs.values())
+    return ModelVersion.objects.filter(team=team).aggregate(n=Sum("stored_bytes"))["n"] or 0
 
 
 def base_model_named(team: Team, name: str, backend: str) -> BaseModel:

@@ -53,6 +53,19 @@ WORDS = """
   return parts.join("\\n");
 }
 """
+# The controls a keyboard must reach: every shown, enabled one, marked so that Tab's stops can
+# be told apart; returns how many.
+CONTROLS = """() => {
+  const all = document.querySelectorAll(
+    "a[href], button, input:not([type=hidden]), select, textarea, summary, [tabindex]"
+  );
+  let n = 0;
+  for (const e of all) {
+    if (e.disabled || e.tabIndex < 0 || !e.checkVisibility()) continue;
+    e.dataset.walk = String(n++);
+  }
+  return n;
+}"""
 AXE_RUN = """async () => {
   const r = await axe.run(document, {resultTypes: ["violations"]});
   return r.violations.filter((v) => ["serious", "critical"].includes(v.impact))
@@ -116,9 +129,32 @@ def test_every_page_in_chinese_is_accessible_and_says_nothing_in_english(page, w
         result = page.evaluate(AXE_RUN)
         words = english_words(page.evaluate(WORDS, SKIP), names)
         found = result + ([f"English: {' '.join(sorted(words))}"] if words else [])
+        found += unreachable_by_keyboard(page)
         if found:
             problems[f"{route.name} {url}"] = found
     assert walked >= 30, walked
     assert not problems, "\n" + "\n".join(
         f"{where}\n  " + "\n  ".join(found) for where, found in sorted(problems.items())
     )
+
+
+def unreachable_by_keyboard(page) -> list[str]:
+    """Tab from the top of the page through every control: each shown one must take the focus
+    (no control left out of the tab order, no trap)."""
+    total = page.evaluate(CONTROLS)
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    reached: set[str] = set()
+    for _ in range(total + 5):
+        page.keyboard.press("Tab")
+        mark = page.evaluate("() => document.activeElement?.dataset?.walk ?? null")
+        if mark is not None:
+            reached.add(mark)
+        if len(reached) == total:
+            return []
+    missed = page.evaluate(
+        """(reached) => [...document.querySelectorAll("[data-walk]")]
+          .filter((e) => !reached.includes(e.dataset.walk)).slice(0, 5)
+          .map((e) => e.outerHTML.slice(0, 80))""",
+        sorted(reached),
+    )
+    return [f"keyboard: {total - len(reached)} of {total} controls not reached: {missed}"]
