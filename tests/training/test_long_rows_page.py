@@ -25,8 +25,8 @@ def test_the_model_page_counts_the_long_rows(client, team, owner, tmp_path):
     # The page is in the user's language (English here; the zh-hans msgstr is in django.po).
     assert 'data-testid="long-rows"' in body
     assert (
-        "7 of 24 test rows were longer than the maximum length (30 characters): predicted over"
-        " overlapping windows"
+        "7 of 24 rows of the test set were longer than the maximum length (30 characters): "
+        "predicted over overlapping windows"
     ) in body
 
 
