@@ -44,7 +44,7 @@ def test_upload_gbk_csv_map_import_and_browse(
     expect(page.get_by_test_id("row-count")).to_have_text("45")
     expect(page.get_by_test_id("label-chart")).to_contain_text("好评")
     expect(page.get_by_test_id("length-chart")).to_be_visible()
-    expect(page.get_by_test_id("splits")).to_contain_text("train")
+    expect(page.get_by_test_id("splits")).to_contain_text("训练集")
     shot(page, "version")
 
     page.get_by_role("link", name="报告").click()
