@@ -193,7 +193,7 @@ def test_a_team_over_its_quota_sees_why_its_job_waits_and_what_it_used(
     login(page, "site-admin", "Admin-Pass-2026")
     page.get_by_role("link", name="用量与配额").click()
     card = page.locator(f'section[data-team="{team.slug}"]')
-    card.get_by_label("npu 每月设备时").fill("5")
+    card.get_by_label("每月 npu 设备时").fill("5")
     card.get_by_role("button", name="保存配额").click()
     expect(page.get_by_text("已保存 NLP 的配额。")).to_be_visible()
     page.get_by_role("button", name="退出").click()
@@ -208,7 +208,7 @@ def test_a_team_over_its_quota_sees_why_its_job_waits_and_what_it_used(
     login(page, "zhao", "Zhao-Pass-2026")
     page.goto(f"/t/{team.slug}/training/{job.pk}/")
     expect(page.get_by_test_id("waiting")).to_contain_text(
-        "团队本月已用 6.0 个 npu 设备时，配额为 5"
+        "团队本月已用 6.0 设备时（npu），配额为 5 设备时"
     )
     page.get_by_role("navigation").get_by_role("link", name="用量").click()
     expect(page.locator('tr[data-device="npu"]')).to_contain_text("6.00")
