@@ -221,7 +221,9 @@ def test_a_running_job_past_its_device_hours_pauses_at_its_epoch_end_and_resumes
         dataset_version=make_dataset(n=160),
         hyperparameters={"epochs": 30, "batch_size": 8, "early_stopping_patience": 0},
     )
-    job = wait_for(job, until=lambda j: j.paused_at is not None, timeout=240)
+    # Paused, then its devices given back (the worker releases them once the pause is stored).
+    held = Device.objects.filter(holder__startswith=f"training_job:{job.pk}:")
+    job = wait_for(job, until=lambda j: j.paused_at is not None and not held.exists(), timeout=240)
     assert job.status == "queued", job.error
     paused = job.events.get(kind="paused")
     per_epoch = job.total_steps // job.epochs
