@@ -91,9 +91,10 @@ def endpoint_new(request: HttpRequest) -> HttpResponse:
 @team_view()
 def endpoint(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = selectors.endpoint_get(request.team, endpoint_id)
-    choosers = CanaryForm(endpoint=endpoint), _evaluate_form(request, endpoint, [])
-    if picked := pick_response(request, *choosers):
-        return picked
+    if "pick" in request.GET:  # a chooser's search: its forms are built for it alone
+        choosers = CanaryForm(endpoint=endpoint), _evaluate_form(request, endpoint, [])
+        if picked := pick_response(request, *choosers):
+            return picked
     return _render_endpoint(request, endpoint)
 
 

@@ -415,7 +415,7 @@ class JobForm(TrainingForm):
                 f"{value:g}" if isinstance(value, float) else str(value)
             )
 
-    hidden: set[str] = set()
+    hidden: frozenset[str] | set[str] = frozenset()  # guide() sets the job's own
 
     def llm_fields(self) -> list:
         return [self[name] for name in self.LLM_HYPERPARAMETERS]
