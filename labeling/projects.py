@@ -119,24 +119,37 @@ def labeling_project_push(project_id: int) -> LabelingProject:
     schema = task_kinds.get(version.dataset.task_kind)
     ls = client(project.team)
     if project.ls_project_id is None:
-        created = ls.projects.create(
-            # In the team's own organisation (the team's service account makes it).
-            title=f"{project.team.slug} · {project.name} #{project.pk}"[:50],
-            description=f"{version.dataset.name} v{version.number}",
-            label_config=schema.label_config(project.labels),
-            expert_instruction=project.instructions,
-            show_instruction=bool(project.instructions),
-            maximum_annotations=project.overlap,
-        )
-        LabelingProject.objects.filter(pk=project.pk).update(ls_project_id=created.id)
-        project.ls_project_id = created.id
-        labeling_project_webhook_register(project)
+        made = False
+        with transaction.atomic():
+            # One push at a time makes the Label Studio project (a retry may overlap one
+            # still running): the other waits here, then finds the project made.
+            project.ls_project_id = _locked(project).ls_project_id
+            if project.ls_project_id is None:
+                created = ls.projects.create(
+                    # In the team's own organisation (the team's service account makes it).
+                    title=f"{project.team.slug} · {project.name} #{project.pk}"[:50],
+                    description=f"{version.dataset.name} v{version.number}",
+                    label_config=schema.label_config(project.labels),
+                    expert_instruction=project.instructions,
+                    show_instruction=bool(project.instructions),
+                    maximum_annotations=project.overlap,
+                )
+                LabelingProject.objects.filter(pk=project.pk).update(ls_project_id=created.id)
+                project.ls_project_id, made = created.id, True
+        if made:
+            labeling_project_webhook_register(project)
     done = set(project.tasks.values_list("row", flat=True))
     model_version = f"{version.dataset.name} v{version.number}"
     batch: list[tuple[int, dict]] = []
     total = 0
 
+    @transaction.atomic
     def flush() -> None:
+        # Rows another push sent meanwhile are skipped: pushes send their batches in turn.
+        _locked(project)
+        rows = project.tasks.filter(row__in=[number for number, _row in batch])
+        sent = set(rows.values_list("row", flat=True))
+        batch[:] = [(number, row) for number, row in batch if number not in sent]
         tasks = []
         for number, row in batch:
             task = {"data": {**schema.ls_data(row), "platform_row": number}}
@@ -144,13 +157,14 @@ def labeling_project_push(project_id: int) -> LabelingProject:
             if result:  # existing labels are for review, not ground truth
                 task["predictions"] = [{"model_version": model_version, "result": result}]
             tasks.append(task)
-        response = ls.projects.import_tasks(
-            id=project.ls_project_id, request=tasks, return_task_ids=True
-        )
-        LabelingTask.objects.bulk_create(
-            LabelingTask(project=project, row=number, ls_task_id=task_id)
-            for (number, _row), task_id in zip(batch, response.task_ids, strict=True)
-        )
+        if tasks:
+            response = ls.projects.import_tasks(
+                id=project.ls_project_id, request=tasks, return_task_ids=True
+            )
+            LabelingTask.objects.bulk_create(
+                LabelingTask(project=project, row=number, ls_task_id=task_id)
+                for (number, _row), task_id in zip(batch, response.task_ids, strict=True)
+            )
         LabelingProject.objects.filter(pk=project.pk).update(tasks_pushed=project.tasks.count())
         batch.clear()
 
@@ -168,6 +182,26 @@ def labeling_project_push(project_id: int) -> LabelingProject:
     )
     project.refresh_from_db()
     return project
+
+
+def _locked(project: LabelingProject) -> LabelingProject:
+    """The project's row, locked until the transaction ends (PostgreSQL; SQLite serialises
+    writers anyway)."""
+    return LabelingProject.objects.select_for_update().only("ls_project_id").get(pk=project.pk)
+
+
+def labeling_projects_push_again() -> list[int]:
+    """Projects whose push gave up (Label Studio was down too long), claimed for one more
+    push each: back to "creating", so that the next reconciliation does not start a second
+    push of a project while the first still retries."""
+    failed = LabelingProject.objects.filter(status=LabelingProject.Status.FAILED)
+    return [
+        pk
+        for pk in failed.values_list("pk", flat=True)
+        if LabelingProject.objects.filter(pk=pk, status=LabelingProject.Status.FAILED).update(
+            status=LabelingProject.Status.CREATING
+        )
+    ]
 
 
 def labeling_project_problem(project_id: int, error: str, *, final: bool) -> None:

@@ -343,12 +343,3 @@ def labeling_projects_to_reconcile() -> list[int]:
             "pk", flat=True
         )
     )
-
-
-def labeling_projects_to_push() -> list[int]:
-    """Projects whose push gave up (Label Studio was down too long): pushed again."""
-    return list(
-        LabelingProject.objects.filter(status=LabelingProject.Status.FAILED).values_list(
-            "pk", flat=True
-        )
-    )

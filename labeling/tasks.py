@@ -7,8 +7,12 @@ from label_studio_sdk.core.api_error import ApiError
 from labeling.datasets import uploads_expire
 from labeling.imports import import_run
 from labeling.label_studio import NotConfigured
-from labeling.projects import labeling_project_problem, labeling_project_push
-from labeling.selectors import labeling_projects_to_push, labeling_projects_to_reconcile
+from labeling.projects import (
+    labeling_project_problem,
+    labeling_project_push,
+    labeling_projects_push_again,
+)
+from labeling.selectors import labeling_projects_to_reconcile
 from labeling.sync import (
     label_studio_account_update,
     label_studio_members_converge,
@@ -84,7 +88,7 @@ def reconcile_labeling_projects() -> None:
             logger.exception("Label Studio accounts not reconciled")
     for project_id in labeling_projects_to_reconcile():
         sync_labeling_project.delay(project_id)
-    for project_id in labeling_projects_to_push():
+    for project_id in labeling_projects_push_again():
         push_labeling_project.delay(project_id)
 
 

@@ -1,7 +1,10 @@
 """Annotations made through Label Studio's API, taken in by the sync: created, changed,
 deleted, and checked (Label Studio accepts results outside the labeling config)."""
 
+import threading
+
 import pytest
+from django.db import connection
 
 from console.models import AuditEvent
 from labeling import label_studio
@@ -10,12 +13,14 @@ from labeling.models import Annotation
 from labeling.projects import (
     WEBHOOK_SECRET_HEADER,
     labeling_project_create,
+    labeling_project_push,
     labeling_project_webhook_register,
+    labeling_projects_push_again,
 )
-from labeling.selectors import labeling_projects_to_push
 from labeling.sync import labeling_project_sync
 from tests.helpers.data import make_jsonl_version, make_version, reviews_dataset
 from tests.helpers.label_studio import (
+    UNLABELED_REVIEWS,
     choice,
     member_account,
     needs_label_studio,
@@ -187,12 +192,55 @@ def test_push_while_label_studio_is_down_says_so_and_retries(owner, team, settin
     project.refresh_from_db()
     assert project.status == LabelingProject.Status.FAILED
     assert project.error.startswith("Label Studio:")
-    # The reconciliation pushes failed projects again; Label Studio is back.
+    # The reconciliation pushes failed projects again, each once until that push gives up
+    # (it runs every minute; a push retries for about an hour); Label Studio is back.
     settings.LABEL_STUDIO_URL = up
-    assert labeling_projects_to_push() == [project.pk]
+    assert labeling_projects_push_again() == [project.pk]
+    assert labeling_projects_push_again() == []
+    project.refresh_from_db()
+    assert project.status == LabelingProject.Status.CREATING
     assert push_labeling_project.apply(args=[project.pk]).state == "SUCCESS"
     project.refresh_from_db()
     assert project.status == "ready" and project.error == "" and project.tasks_pushed == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_pushes_of_one_project_at_once_make_one_label_studio_project(
+    owner, team, monkeypatch, celery_worker_process
+):
+    """A retry that overlaps a push still running (a worker's redelivery, a slow Label
+    Studio) waits for it: one Label Studio project, each row one task."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL (CI); SQLite runs one writer at a time")
+    from labeling.tasks import push_labeling_project
+
+    # The pushes below are the two at once; no worker is running to take the create's own.
+    monkeypatch.setattr(push_labeling_project, "delay", lambda *args, **kwargs: None)
+    version = make_version(reviews_dataset(team, owner, "并发"), owner, UNLABELED_REVIEWS)
+    project = labeling_project_create(actor=owner, version=version, name="并发推送")
+    start, errors = threading.Barrier(2), []
+
+    def push() -> None:
+        try:
+            start.wait()
+            labeling_project_push(project.pk)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    pushes = [threading.Thread(target=push) for _ in range(2)]
+    for thread in pushes:
+        thread.start()
+    for thread in pushes:
+        thread.join(60)
+    assert errors == []
+    project.refresh_from_db()
+    ls = label_studio.client(team)
+    made = [p for p in ls.projects.list() if p.title.endswith(f"并发推送 #{project.pk}")]
+    assert [p.id for p in made] == [project.ls_project_id]
+    assert ls.projects.get(id=project.ls_project_id).task_number == 3
+    assert project.tasks.count() == 3 and project.status == "ready"
 
 
 def test_an_annotator_labels_as_themself_without_a_label_studio_password(
