@@ -182,6 +182,8 @@ class LabelingProject(Created):
     webhook_url = models.CharField(max_length=500, blank=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
+    # When its last push was queued: a push still "creating" long after is pushed again.
+    push_queued_at = models.DateTimeField(null=True, blank=True)
     tasks_total = models.PositiveIntegerField(default=0)
     tasks_pushed = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)

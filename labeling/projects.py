@@ -8,13 +8,16 @@ import json
 import random
 import secrets
 from collections.abc import Iterable
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.db import transaction
+from django.db.models import Q
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.models import hash_token
@@ -25,6 +28,8 @@ from labeling.models import DatasetVersion, LabelingProject, LabelingTask, Label
 from labeling.task_kinds.base import RowError
 
 PUSH_BATCH = 1000
+# Longer than a push with every retry (tasks.push_labeling_project: about 35 minutes).
+PUSH_WINDOW = timedelta(hours=2)
 
 
 @transaction.atomic
@@ -69,6 +74,7 @@ def labeling_project_create(
         split=split,
         seed=seed,
         created_by=actor,
+        push_queued_at=timezone.now(),
     )
     audit_record(
         action="labeling_project.create",
@@ -191,15 +197,20 @@ def _locked(project: LabelingProject) -> LabelingProject:
 
 
 def labeling_projects_push_again() -> list[int]:
-    """Projects whose push gave up (Label Studio was down too long), claimed for one more
-    push each: back to "creating", so that the next reconciliation does not start a second
-    push of a project while the first still retries."""
-    failed = LabelingProject.objects.filter(status=LabelingProject.Status.FAILED)
+    """Projects to push again, each claimed for one push: those whose push gave up (Label
+    Studio was down too long), and those still "creating" long after their push was queued
+    (its message lost, say with Redis). Claimed, their push counts as queued now, so that the
+    next reconciliation does not start a second push while the first still retries."""
+    now = timezone.now()
+    due = Q(status=LabelingProject.Status.FAILED) | Q(
+        Q(push_queued_at__lt=now - PUSH_WINDOW) | Q(push_queued_at=None),
+        status=LabelingProject.Status.CREATING,
+    )
     return [
         pk
-        for pk in failed.values_list("pk", flat=True)
-        if LabelingProject.objects.filter(pk=pk, status=LabelingProject.Status.FAILED).update(
-            status=LabelingProject.Status.CREATING
+        for pk in LabelingProject.objects.filter(due).values_list("pk", flat=True)
+        if LabelingProject.objects.filter(due, pk=pk).update(
+            status=LabelingProject.Status.CREATING, push_queued_at=now
         )
     ]
 

@@ -40,7 +40,7 @@ def run_import_job(job_id: int) -> None:
 )
 def push_labeling_project(self, project_id: int) -> None:
     """Make a labeling project's Label Studio project and push its tasks. While Label Studio is
-    down it retries with backoff (about an hour in all), and says so on the project."""
+    down it retries with backoff (about 35 minutes in all), and says so on the project."""
     try:
         labeling_project_push(project_id)
     except (httpx.HTTPError, ApiError) as exc:

@@ -2,15 +2,18 @@
 deleted, and checked (Label Studio accepts results outside the labeling config)."""
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from console.models import AuditEvent
 from labeling import label_studio
 from labeling.datasets import dataset_create
 from labeling.models import Annotation
 from labeling.projects import (
+    PUSH_WINDOW,
     WEBHOOK_SECRET_HEADER,
     labeling_project_create,
     labeling_project_push,
@@ -202,6 +205,13 @@ def test_push_while_label_studio_is_down_says_so_and_retries(owner, team, settin
     assert push_labeling_project.apply(args=[project.pk]).state == "SUCCESS"
     project.refresh_from_db()
     assert project.status == "ready" and project.error == "" and project.tasks_pushed == 3
+    assert labeling_projects_push_again() == []
+    # A push queued hours ago that never ended (its message lost with Redis, say) is claimed
+    # again; one queued a moment ago is left to run.
+    long_ago = timezone.now() - PUSH_WINDOW - timedelta(minutes=1)
+    LabelingProject.objects.filter(pk=project.pk).update(status="creating", push_queued_at=long_ago)
+    assert labeling_projects_push_again() == [project.pk]
+    assert labeling_projects_push_again() == []
 
 
 @pytest.mark.django_db(transaction=True)
