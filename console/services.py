@@ -14,9 +14,11 @@ from django.db import transaction
 from django.db.models import Count, Model
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from console import hardware
 from console.hardware import NodeDevice
+from console.later import later, shown
 from console.middleware import client_ip
 from console.models import ApiToken, AuditEvent, Device, ExternalAccount, Membership, Node, Team
 from console.roles import Role
@@ -385,7 +387,15 @@ def lockout_clear(*, actor: AbstractBaseUser, username: str = "", address: str =
 
 
 class DevicesBusy(Exception):
-    """The node's devices of that type are held by other jobs now; the message says so."""
+    """The node's devices of that type are held by other jobs now; ``reason`` says so (a
+    console.later message: a job stores it, and it is shown in its reader's language)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return shown(self.reason)
 
 
 @transaction.atomic
@@ -489,8 +499,13 @@ def devices_acquire(
     here = Node.objects.filter(name=node_name).first()
     if here is None:
         raise DevicesBusy(
-            _("Node %(node)s is not registered: start train workers with manage.py train_worker.")
-            % {"node": node_name}
+            later(
+                gettext_noop(
+                    "Node %(node)s is not registered: start train workers with manage.py "
+                    "train_worker."
+                ),
+                node=node_name,
+            )
         )
     held = {
         "holder": holder,
@@ -519,11 +534,16 @@ def devices_acquire(
                 raise
     if len(placed) < nodes:
         raise DevicesBusy(
-            _(
-                "Waiting: the job spans %(nodes)d nodes with %(n)d free %(device)s devices "
-                "each; %(found)d have them now."
+            later(
+                gettext_noop(
+                    "Waiting: the job spans %(nodes)d nodes with %(n)d free %(device)s devices "
+                    "each; %(found)d have them now."
+                ),
+                nodes=nodes,
+                n=count,
+                device=device_type,
+                found=len(placed),
             )
-            % {"nodes": nodes, "n": count, "device": device_type, "found": len(placed)}
         )
     return {node_name: placed.pop(node_name), **placed}
 
@@ -533,17 +553,17 @@ def _take(node: Node, device_type: str, count: int, held: dict) -> list[Device]:
     free = [d for d in devices if not d.holder]
     if len(free) < count:
         raise DevicesBusy(
-            _(
-                "Waiting: %(free)d of %(total)d %(device)s devices of node %(node)s are free, "
-                "the job needs %(n)d."
+            later(
+                gettext_noop(
+                    "Waiting: %(free)d of %(total)d %(device)s devices of node %(node)s are "
+                    "free, the job needs %(n)d."
+                ),
+                free=len(free),
+                total=len(devices),
+                device=device_type,
+                node=node.name,
+                n=count,
             )
-            % {
-                "free": len(free),
-                "total": len(devices),
-                "device": device_type,
-                "node": node.name,
-                "n": count,
-            }
         )
     taken = []
     for d in free:
@@ -556,8 +576,11 @@ def _take(node: Node, device_type: str, count: int, held: dict) -> list[Device]:
             if len(taken) == count:
                 return taken
     raise DevicesBusy(
-        _("Waiting: the %(device)s devices of node %(node)s were just taken.")
-        % {"device": device_type, "node": node.name}
+        later(
+            gettext_noop("Waiting: the %(device)s devices of node %(node)s were just taken."),
+            device=device_type,
+            node=node.name,
+        )
     )
 
 

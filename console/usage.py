@@ -22,8 +22,9 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
+from console.later import later
 from console.models import Device, DeviceUse, Team
 
 # Each takes (a team or None for all, the month's start) and returns the month's serving rows
@@ -244,7 +245,7 @@ def device_hours_share(team: Team, device_type: str) -> float | None:
 
 def device_hours_check(team: Team, device_type: str) -> str:
     """Why a job of ``team`` on ``device_type`` must wait for its quota ("" when it may run):
-    the quota, the month's use and when it resets."""
+    the quota, the month's use and when it resets (a console.later message)."""
     quota = device_hours_quota(team, device_type)
     if quota is None:
         return ""
@@ -252,15 +253,16 @@ def device_hours_check(team: Team, device_type: str) -> str:
     used = device_hours_used(team, device_type, start)
     if used < quota:
         return ""
-    return _(
-        "Waiting: the team used %(used).1f of its %(quota)g %(device)s device-hours this month; "
-        "they reset on %(reset)s."
-    ) % {
-        "used": used,
-        "quota": quota,
-        "device": device_type,
-        "reset": timezone.localtime(next_month(start)).date().isoformat(),
-    }
+    return later(
+        gettext_noop(
+            "Waiting: the team used %(used).1f of its %(quota)g %(device)s device-hours this "
+            "month; they reset on %(reset)s."
+        ),
+        used=used,
+        quota=quota,
+        device=device_type,
+        reset=timezone.localtime(next_month(start)).date().isoformat(),
+    )
 
 
 def concurrency_limit(team: Team) -> int:

@@ -20,9 +20,11 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 from jinja2 import TemplateError
 
 from console.hardware import placement_plan, profile
+from console.later import later
 from console.models import Membership, Team
 from console.notifications import notify
 from console.quotas import team_storage_check
@@ -545,10 +547,15 @@ def training_job_enqueue(job: TrainingJob, countdown: float | None = None) -> No
 
 
 def no_node_reason(device_type: str) -> str:
-    """Why a job waits when no live node has its device type (its ``waiting_reason``)."""
-    return _(
-        "Waiting: no live node has a %(device)s device (queue %(queue)s); see the nodes page."
-    ) % {"device": device_type, "queue": profile(device_type).queue}
+    """Why a job waits when no live node has its device type (its ``waiting_reason``, a
+    console.later message)."""
+    return later(
+        gettext_noop(
+            "Waiting: no live node has a %(device)s device (queue %(queue)s); see the nodes page."
+        ),
+        device=device_type,
+        queue=profile(device_type).queue,
+    )
 
 
 def _spec_fields(job: TrainingJob) -> dict:
@@ -673,7 +680,7 @@ def training_job_pause(
         job.status = TrainingJob.Status.QUEUED
         job.paused_at = timezone.now()
         job.resume_files = files
-        job.waiting_reason = reason[:300]
+        job.waiting_reason = reason
         job.phase = ""
         job.eta_s = None
         # A new task under a new id: this one is still running (it releases the devices).

@@ -4,6 +4,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from console.later import shown
 from console.models import Created, Team
 from labeling.models import DatasetVersion
 from labeling.task_kinds import KIND_CHOICES
@@ -164,8 +165,9 @@ class TrainingJob(Created):
     phase = models.CharField(max_length=16, blank=True)
     # Large models: the rows counted in tokens at submission, and those over the limit.
     data_report = models.JSONField(default=dict, blank=True)
-    # Why a queued job waits (team limit, no worker for its device).
-    waiting_reason = models.CharField(max_length=300, blank=True)
+    # Why a queued job waits (team limit, no worker for its device): a console.later message,
+    # shown by ``waiting`` in the reader's language.
+    waiting_reason = models.TextField(blank=True)
     error = models.TextField(blank=True)
     cancel_requested = models.BooleanField(default=False)
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -213,6 +215,11 @@ class TrainingJob(Created):
     @property
     def resume_prefix(self) -> str:
         return f"jobs/{self.pk}/resume/"
+
+    @property
+    def waiting(self) -> str:
+        """Why it waits, in the active language ("" when it does not)."""
+        return shown(self.waiting_reason)
 
     @property
     def progress_percent(self) -> int:

@@ -12,8 +12,10 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from console.hardware import placement_plan, profile
+from console.later import later
 from console.models import Device, Node, Team
 from console.selectors import live_nodes_with
 from console.services import (
@@ -84,7 +86,7 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
         ).count()
         reason = ""
         if running >= concurrency_limit(job.team):
-            reason = _("Waiting: the team runs %(n)d jobs, its limit.") % {"n": running}
+            reason = later(gettext_noop("Waiting: the team runs %(n)d jobs, its limit."), n=running)
         reason = reason or device_hours_check(job.team, job.device_type) or _fair_share(job)
         if reason:
             if job.waiting_reason != reason:
@@ -111,7 +113,7 @@ def _claim(job_id: int, worker: str) -> TrainingJob | str | None:
     except DevicesBusy as exc:
         # A job taken again after its worker died waits like any other, queued (its parts on
         # other nodes see that and stop).
-        reason = str(exc)[:300]
+        reason = exc.reason
         if job.waiting_reason != reason or job.status != TrainingJob.Status.QUEUED:
             job.waiting_reason, job.status = reason, TrainingJob.Status.QUEUED
             job.save(update_fields=["waiting_reason", "status"])
@@ -179,10 +181,13 @@ def _fair_share(job: TrainingJob) -> str:
             and running.get(rival.team_id, 0) < concurrency_limit(rival.team)
             and not device_hours_check(rival.team, rival.device_type)
         ):
-            return _(
-                "Waiting: another team that used fewer %(device)s devices lately goes first "
-                "(fair share)."
-            ) % {"device": job.device_type}
+            return later(
+                gettext_noop(
+                    "Waiting: another team that used fewer %(device)s devices lately goes "
+                    "first (fair share)."
+                ),
+                device=job.device_type,
+            )
     return ""
 
 
@@ -251,10 +256,11 @@ def training_jobs_reconcile() -> list[int]:
         if job.device_type not in counts:
             counts[job.device_type] = [n for _node, n in live_nodes_with(job.device_type)]
         found = counts[job.device_type]
-        too_few = _("Waiting: no live node has %(n)d %(device)s devices.") % {
-            "n": job.device_count,
-            "device": job.device_type,
-        }
+        too_few = later(
+            gettext_noop("Waiting: no live node has %(n)d %(device)s devices."),
+            n=job.device_count,
+            device=job.device_type,
+        )
         mine = {no_node_reason(job.device_type), too_few}
         if not found:
             reason = no_node_reason(job.device_type)

@@ -74,6 +74,8 @@ class JobSerializer(serializers.ModelSerializer):
         source="pretrained_model.name", read_only=True, default=None, allow_null=True
     )
     progress_percent = serializers.IntegerField(read_only=True)
+    # In the request's language.
+    waiting_reason = serializers.CharField(source="waiting", read_only=True)
 
     class Meta:
         model = TrainingJob

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console.hardware import profile
+from console.later import shown
 from console.notifications import QUOTA_WARNING_SHARE, notify
 from console.usage import device_hours_check, device_hours_share
 from runtime import sandbox
@@ -364,7 +365,7 @@ class _Supervisor:
                     "The team's device-hour quota is used; the job pauses at the end of this "
                     "epoch with a checkpoint. %(reason)s"
                 )
-                % {"reason": reason}
+                % {"reason": shown(reason)}
             },
         )
 

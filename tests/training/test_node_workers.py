@@ -100,7 +100,7 @@ def test_a_node_whose_heartbeat_stopped_is_shown_so_and_its_jobs_wait(
 
     version = make_dataset(n=40)
     job = submit(owner, team, version, device_type="xpu")
-    assert "no live node has a xpu device (queue train.xpu)" in job.waiting_reason
+    assert "no live node has a xpu device (queue train.xpu)" in job.waiting
     # The Ascend node still beats and takes its jobs.
     assert Node.objects.get(name="ascend-test").alive
     training_job_cancel(actor=owner, job=job)

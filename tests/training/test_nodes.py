@@ -4,7 +4,8 @@ exclusive assignment, refusal of a job no node can hold, waiting reasons, the ru
 import pytest
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.utils import timezone
+from django.urls import reverse
+from django.utils import timezone, translation
 
 from console import hardware
 from console.models import Device, Node
@@ -186,7 +187,7 @@ def test_a_job_no_set_of_nodes_can_hold_is_refused_with_the_reason(team, owner, 
 def test_a_job_for_a_device_type_no_node_has_waits_with_that_reason(team, owner, make_dataset):
     version = make_dataset()
     job = submit(owner, team, version, device_type="xpu")
-    assert job.waiting_reason.startswith("Waiting: no live node has a xpu device (queue train.xpu)")
+    assert job.waiting.startswith("Waiting: no live node has a xpu device (queue train.xpu)")
     register("kunlun", "xpu:8")
     training_jobs_reconcile()
     job.refresh_from_db()
@@ -194,7 +195,28 @@ def test_a_job_for_a_device_type_no_node_has_waits_with_that_reason(team, owner,
     node_stop("kunlun")
     training_jobs_reconcile()
     job.refresh_from_db()
-    assert "no live node has a xpu device" in job.waiting_reason
+    assert "no live node has a xpu device" in job.waiting
+
+
+def test_why_a_job_waits_is_shown_in_the_readers_language(client, team, owner, make_dataset):
+    """The worker stores the reason in no language: stored under Chinese, it reads in
+    Chinese and in English (page and API) alike."""
+    version = make_dataset()
+    with translation.override("zh-hans"):
+        job = submit(owner, team, version, device_type="xpu")
+    client.force_login(owner)
+    page = reverse("training:job", kwargs={"team": team.slug, "training_job_id": job.pk})
+    api = f"/api/v1/teams/{team.slug}/training-jobs/{job.pk}/"
+    client.post(reverse("set_language"), {"language": "zh-hans", "next": page})
+    assert "没有在线节点" in client.get(page).content.decode()
+    reason = client.get(api, HTTP_ACCEPT_LANGUAGE="zh-hans").json()["waiting_reason"]
+    assert reason.startswith("等待中：没有在线节点")
+    client.post(reverse("set_language"), {"language": "en", "next": page})
+    english = client.get(page).content.decode()
+    assert "Waiting: no live node has a xpu device (queue train.xpu)" in english
+    assert "没有" not in english
+    reason = client.get(api, HTTP_ACCEPT_LANGUAGE="en").json()["waiting_reason"]
+    assert reason.startswith("Waiting: no live node has a xpu device")
 
 
 def test_a_claimed_job_holds_its_cards_and_its_runner_sees_only_them(
@@ -216,7 +238,7 @@ def test_a_claimed_job_holds_its_cards_and_its_runner_sees_only_them(
     with pytest.raises(JobMustWait):
         training_job_claim(third.pk, "w")
     third.refresh_from_db()
-    assert "1 of 4 npu devices of node" in third.waiting_reason
+    assert "1 of 4 npu devices of node" in third.waiting
     training_job_release_devices(second)
     assert training_job_claim(third.pk, "w").devices == [1, 2]
 
@@ -255,7 +277,7 @@ def test_a_job_taken_again_after_its_worker_died_waits_queued_when_its_cards_are
     with pytest.raises(JobMustWait):
         training_job_claim(job.pk, "w")
     job.refresh_from_db()
-    assert job.status == "queued" and job.attempts == 1 and "0 of 1 npu" in job.waiting_reason
+    assert job.status == "queued" and job.attempts == 1 and "0 of 1 npu" in job.waiting
     devices_release("o")
     job = training_job_claim(job.pk, "w")
     assert job.attempts == 2 and job.devices == [0]

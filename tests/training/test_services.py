@@ -104,7 +104,7 @@ def test_the_team_limit_keeps_a_job_waiting(team, owner, version, settings):
     with pytest.raises(JobMustWait):
         training_job_claim(second.pk, "w")
     second.refresh_from_db()
-    assert second.status == "queued" and "limit" in second.waiting_reason
+    assert second.status == "queued" and "limit" in second.waiting
 
 
 def test_a_job_whose_worker_was_lost_too_often_fails_with_the_reason(team, owner, version):
@@ -184,7 +184,7 @@ def test_reconcile_requeues_a_job_whose_worker_stopped_beating_and_names_missing
         assert stale.celery_task_id != old_task
         ids = [json.loads(m)["headers"]["id"] for m in r.lrange("train.npu:5", 0, -1)]
         assert stale.celery_task_id in ids
-        assert "no live node has a mlu device (queue train.mlu)" in waiting.waiting_reason
+        assert "no live node has a mlu device (queue train.mlu)" in waiting.waiting
     finally:
         r.delete("train.npu:5", "train.mlu:5")
         TrainingJob.objects.update(status="cancelled")

@@ -108,7 +108,7 @@ def test_a_team_past_its_device_hours_waits_saying_why_until_staff_raise_them(
         training_job_claim(job.pk, "w")
     job.refresh_from_db()
     reset = usage.next_month(usage.month_start()).date().isoformat()
-    assert "1.5 of its 1 npu device-hours" in job.waiting_reason and reset in job.waiting_reason
+    assert "1.5 of its 1 npu device-hours" in job.waiting and reset in job.waiting
     assert job.status == "queued"
     api(staff).post(
         "/api/v1/quotas/", {"team": team.slug, "device_hours_quota": {"npu": 10}}, format="json"
@@ -130,7 +130,7 @@ def test_a_teams_own_jobs_at_once(team, owner, make_user, make_dataset, settings
     with pytest.raises(JobMustWait):
         training_job_claim(second.pk, "w")
     second.refresh_from_db()
-    assert "runs 1 jobs, its limit" in second.waiting_reason
+    assert "runs 1 jobs, its limit" in second.waiting
 
 
 def test_staff_set_quotas_in_the_console_and_bad_ones_are_refused(client, team, make_user):
@@ -179,14 +179,14 @@ def test_fair_share_the_team_that_used_less_lately_goes_first(heavy_and_light):
     with pytest.raises(JobMustWait):
         training_job_claim(heavy_job.pk, "w")
     heavy_job.refresh_from_db()
-    assert "fair share" in heavy_job.waiting_reason
+    assert "fair share" in heavy_job.waiting
     assert training_job_claim(light_job.pk, "w").status == "running"
     # Once the light team's job runs, the heavy one waits for the device, not for its turn;
     # with no other team waiting, it takes the device when it is free.
     with pytest.raises(JobMustWait):
         training_job_claim(heavy_job.pk, "w")
     heavy_job.refresh_from_db()
-    assert "fair share" not in heavy_job.waiting_reason
+    assert "fair share" not in heavy_job.waiting
     devices_release(Device.objects.get(holder__startswith=f"training_job:{light_job.pk}").holder)
     assert training_job_claim(heavy_job.pk, "w").status == "running"
 
@@ -230,7 +230,7 @@ def test_a_running_job_past_its_device_hours_pauses_at_its_epoch_end_and_resumes
     assert paused.data["step"] == paused.data["epoch"] * per_epoch > 0  # at an epoch's end
     # The worker's words (in the site's language): the quota and the day it resets.
     reset = usage.next_month(usage.month_start()).date().isoformat()
-    assert "0.002" in job.waiting_reason and reset in job.waiting_reason
+    assert "0.002" in job.waiting and reset in job.waiting
     assert default_storage.exists(job.resume_prefix + "checkpoint/state.json")
     assert not Device.objects.filter(holder__startswith=f"training_job:{job.pk}:").exists()
     assert AuditEvent.objects.filter(action="training.job_paused", target_id=str(job.pk)).exists()
