@@ -1,6 +1,6 @@
 """Generation speed: one exported causal LM, in one run, generating for 8 concurrent requests
 
-    .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T] [--smoke]
+    .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T] [--no-adapters] [--smoke]
 
 (a) bare: ``runtime.generation.Generator`` in a process of its own (the runtime venv) on one
     batch of the 8 prompts, one math thread as the host's generation process has: the limit;
@@ -402,6 +402,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16, help="of the mixed load")
     parser.add_argument("--per-client", type=int, default=6, help="requests of each client")
     parser.add_argument("--token-scale", type=float, default=1.0, help="× the max_tokens mix")
+    parser.add_argument(
+        "--no-adapters", action="store_true", help="leave the adapters' memory out (minutes)"
+    )
     # --smoke: one step of training, one round of a few tokens.
     args = parse(
         parser,
@@ -447,7 +450,7 @@ def main() -> None:
         finally:
             bare.close()
             host.stop()
-        memory = adapters_memory(tmp, args)
+        memory = {} if args.no_adapters else adapters_memory(tmp, args)
     bare_rate = statistics.median(bare_rates)
     endpoint_rate = statistics.median(endpoint_rates)
     print_result(
