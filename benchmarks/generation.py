@@ -1,6 +1,7 @@
 """Generation speed: one exported causal LM, in one run, generating for 8 concurrent requests
 
-    .venv/bin/python benchmarks/generation.py   # [--rounds N] [--max-tokens T] [--no-adapters] [--smoke]
+    .venv/bin/python benchmarks/generation.py  # [--rounds N] [--max-tokens T] [--no-adapters]
+                                               # [--smoke]
 
 (a) bare: ``runtime.generation.Generator`` in a process of its own (the runtime venv) on one
     batch of the 8 prompts, one math thread as the host's generation process has: the limit;
