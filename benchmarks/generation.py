@@ -22,7 +22,8 @@ client's sending its request to reading the first content chunk.
 
 Then continuous against static batching (issue #22), on the same host and model: 16 clients,
 each sending requests one after another (a closed loop) with prompts of several lengths and
-``max_tokens`` from 8 to 128 (the model runs to its limit, so output lengths are mixed),
+``max_tokens`` from 8 to 128 and ``min_tokens`` as much (every reply runs to its limit, so
+output lengths are the mix's, whatever the model would answer),
 against a revision with continuous batching (the engine: a request joins the running batch at
 the next step) and one with ``"batching": "static"`` (the engine before it: a batch is taken
 when the last one is done), max_batch_size 16 both; rounds alternate them. Tokens/s count every
@@ -152,13 +153,16 @@ class BareGenerator:
         stop(self.proc)
 
 
-def stream_one(port: int, api_key: str, question: str, max_tokens: int, out: dict) -> None:
+def stream_one(
+    port: int, api_key: str, question: str, max_tokens: int, out: dict, min_tokens: int = 0
+) -> None:
     """One streamed chat completion: the time of its first content chunk, its tokens."""
     body = json.dumps(
         {
             "model": "bench",
             "messages": [{"role": "user", "content": question}],
             "max_tokens": max_tokens,
+            "min_tokens": min_tokens,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -227,7 +231,9 @@ def mixed_round(port: int, api_key: str, clients: int, per_client: int, scale: f
             question = MIXED_QUESTIONS[(i + j) % len(MIXED_QUESTIONS)]
             tokens = max(1, int(MIXED_TOKENS[(i * 5 + j) % len(MIXED_TOKENS)] * scale))
             out: dict = {}
-            stream_one(port, api_key, question, tokens, out)
+            # Every reply runs to its limit (min_tokens): the output lengths are the mix's,
+            # whatever the model would answer.
+            stream_one(port, api_key, question, tokens, out, min_tokens=tokens)
             outs.append(out)
 
     return timed_round([threading.Thread(target=client, args=(i,)) for i in range(clients)], outs)

@@ -30,6 +30,8 @@ PREFIX_CACHE = 8  # shared prefixes a batch keeps the cache of
 class GenerationRequest:
     prompt_ids: list[int]
     max_tokens: int = 256
+    # No stop token is sampled before this many tokens (vLLM's min_tokens).
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -315,7 +317,11 @@ class Batch:
         for i, s in enumerate(self.streams):
             if s.finish is not None:  # cancelled (or, static, done): it leaves below
                 continue
-            tokens[i] = sample(self.logits[i], s.request.temperature, s.request.top_p, s.rng)
+            logits = self.logits[i]
+            if len(s.ids) < s.request.min_tokens and self.stop_ids:
+                logits = logits.copy()
+                logits[list(self.stop_ids)] = -np.inf
+            tokens[i] = sample(logits, s.request.temperature, s.request.top_p, s.rng)
             delta = s.add(int(tokens[i]), self.stop_ids)
             if delta.text or delta.finish_reason:
                 deltas.append(delta)

@@ -78,7 +78,8 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
 
 
 def sampling(body: dict, prompt_tokens: int, context_length: int, limit: int) -> dict:
-    """max_tokens, temperature, top_p, stop and seed of a request, checked; max_tokens capped
+    """max_tokens, min_tokens, temperature, top_p, stop and seed of a request, checked;
+    max_tokens (and min_tokens with it) capped
     by the endpoint's ``limit`` and the room the prompt leaves in the model's context."""
     room = context_length - prompt_tokens
     if room < 1:
@@ -108,8 +109,13 @@ def sampling(body: dict, prompt_tokens: int, context_length: int, limit: int) ->
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RequestError("seed must be an integer", "seed")
+    # vLLM's extension: no stop token before this many tokens (stop strings still end it).
+    min_tokens = body.get("min_tokens", 0)
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise RequestError("min_tokens must be a non-negative integer", "min_tokens")
     return {
         "max_tokens": max_tokens,
+        "min_tokens": min(min_tokens, max_tokens),
         "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": _number(body, "top_p", 1.0, 1e-6, 1.0),
         "stop": stop,

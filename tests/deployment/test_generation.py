@@ -171,6 +171,19 @@ def test_completions_and_sampling(chat_host, fresh_host):
         for _ in range(2)
     ]
     assert seeded[0] == seeded[1]  # the same seed samples the same tokens
+    # vLLM's min_tokens: no stop token before it.
+    plain = api.chat.completions.create(
+        model="assistant", messages=conversation(QUESTIONS[0]), max_tokens=60, temperature=0
+    )
+    assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens < 50
+    forced = api.chat.completions.create(
+        model="assistant",
+        messages=conversation(QUESTIONS[0]),
+        max_tokens=60,
+        temperature=0,
+        extra_body={"min_tokens": 60},
+    )
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 60
 
 
 def test_bad_requests_get_openai_errors(chat_host, fresh_host, exports):
@@ -190,6 +203,8 @@ def test_bad_requests_get_openai_errors(chat_host, fresh_host, exports):
         ({"max_tokens": "many"}, "max_tokens"),
         ({"n": 2}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"extra_body": {"min_tokens": -1}}, "min_tokens"),
+        ({"extra_body": {"min_tokens": "all"}}, "min_tokens"),
     ]
     for params, param in cases:
         with pytest.raises(openai.BadRequestError) as exc:

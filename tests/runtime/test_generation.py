@@ -106,6 +106,23 @@ def test_a_request_takes_the_slot_of_one_that_is_done_and_generates_as_alone(gen
     assert max(rows) == 4  # the long one was appended
 
 
+def test_min_tokens_keeps_a_reply_going_past_its_stop_token(generator):
+    g = generator
+    prompt = g.chat_prompt([{"role": "user", "content": QUESTIONS[0]}])
+
+    def reply(**limits) -> tuple[str | None, int]:
+        batch = g.batch()
+        stream = batch.add([GenerationRequest(prompt, temperature=0, **limits)])[0]
+        while len(batch):
+            batch.step()
+        return stream.finish, len(stream.ids)
+
+    finish, tokens = reply(max_tokens=60)
+    assert finish == "stop" and tokens < 50  # the model answers, and ends its answer
+    assert reply(max_tokens=60, min_tokens=60) == ("length", 60)
+    assert reply(max_tokens=60, min_tokens=tokens + 5)[1] >= tokens + 5
+
+
 def test_a_cancelled_request_leaves_at_the_next_step_and_the_others_go_on(generator):
     g = generator
     requests = [
