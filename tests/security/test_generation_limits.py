@@ -67,6 +67,9 @@ def test_max_tokens_is_capped_by_the_endpoints_limit_and_the_models_context(
     route(fresh_host, "assistant", {"rev-paddle": 100}, max_tokens=5)
     capped = api.completions.create(**asked, max_tokens=100_000)
     assert capped.usage.completion_tokens == 5 and capped.choices[0].finish_reason == "length"
+    # min_tokens does not lift the cap: it is capped with max_tokens.
+    forced = api.completions.create(**asked, max_tokens=100_000, extra_body={"min_tokens": 10**9})
+    assert forced.usage.completion_tokens == 5
     # Without a cap of the endpoint's, the room the prompt leaves in the context is the cap.
     context = json.loads((llm_exports("instruction", "paddle") / "config.json").read_text())[
         "max_position_embeddings"
