@@ -30,8 +30,6 @@ PREFIX_CACHE = 8  # shared prefixes a batch keeps the cache of
 class GenerationRequest:
     prompt_ids: list[int]
     max_tokens: int = 256
-    # No stop token is sampled before this many tokens (vLLM's min_tokens).
-    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -41,6 +39,9 @@ class GenerationRequest:
     prefix_tokens: int = 0
     # The LoRA adapter it runs with (runtime.adapters), "" for the served model itself.
     adapter: str = ""
+    # No stop token is sampled before this many tokens (vLLM's min_tokens). Last: the fields
+    # before it are given by position.
+    min_tokens: int = 0
 
 
 @dataclass
