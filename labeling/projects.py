@@ -191,8 +191,8 @@ def labeling_project_push(project_id: int) -> LabelingProject:
 
 
 def _locked(project: LabelingProject) -> LabelingProject:
-    """The project's row, locked until the transaction ends (PostgreSQL; SQLite serialises
-    writers anyway)."""
+    """The project's row, locked until the transaction ends (PostgreSQL; on SQLite this takes
+    no lock: two pushes at the very same moment could still both make a project there)."""
     return LabelingProject.objects.select_for_update().only("ls_project_id").get(pk=project.pk)
 
 
