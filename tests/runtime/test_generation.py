@@ -211,21 +211,29 @@ def test_a_shared_system_prompt_is_prefilled_once_and_generates_the_same(generat
     assert cached == run(0, plain) and plain.prefix_hits == 0
 
 
-def test_paddle_attention_by_einsum_computes_what_paddlenlps_own_does(generator):
-    """The served PaddleNLP model's attention (``_einsum_attention``, ten times faster on a
-    CPU) gives PaddleNLP's own logits: a left-padded prefill, then decoding steps on its cache."""
+def test_paddle_fast_paths_compute_what_paddlenlps_own_code_does(generator):
+    """The served PaddleNLP model's fast paths (``_fast_paths``: attention by einsum, RMSNorm
+    and rotary embedding without broadcasting, several times faster on a CPU) give PaddleNLP's
+    own logits: a left-padded prefill, then decoding steps on its cache."""
+    import sys
+
     import numpy as np
 
-    from runtime.generation import position_ids
+    from runtime.generation import RMS_NORMS, position_ids
 
     if generator.manifest["runtime"] != "paddle_generate":
-        pytest.skip("PaddleNLP's attention: the paddle backend's")
+        pytest.skip("PaddleNLP's code: the paddle backend's")
+    model = generator.lm.model
     layers = [
         layer
-        for layer in generator.lm.model.sublayers()
+        for layer in model.sublayers()
         if hasattr(getattr(layer, "attn_func", None), "original")
     ]
-    assert layers  # every attention layer of the export runs it
+    norms = [layer for layer in model.sublayers() if type(layer).__name__ in RMS_NORMS]
+    module = sys.modules[type(model).__module__]
+    # Every attention layer and norm of the export runs its fast path, and the module's rotary.
+    assert layers and norms and all("forward" in vars(n) for n in norms)
+    assert hasattr(module.apply_rotary_pos_emb, "original")
     prompts = [generator.chat_prompt([{"role": "user", "content": q}]) for q in QUESTIONS[:3]]
     width = max(len(p) for p in prompts)
     ids = np.zeros((len(prompts), width), "int64")
@@ -246,12 +254,20 @@ def test_paddle_attention_by_einsum_computes_what_paddlenlps_own_does(generator)
 
     fast = logits()
     patched = {layer: layer.attn_func for layer in layers}
+    norm_paths = {norm: norm.forward for norm in norms}
+    rotary = module.apply_rotary_pos_emb
     try:
         for layer in layers:
             layer.attn_func = layer.attn_func.original
+        for norm in norms:
+            del norm.forward  # the class's own
+        module.apply_rotary_pos_emb = rotary.original
         own = logits()
     finally:
         for layer, func in patched.items():
             layer.attn_func = func
+        for norm, forward in norm_paths.items():
+            norm.forward = forward
+        module.apply_rotary_pos_emb = rotary
     for a, b in zip(fast, own, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
