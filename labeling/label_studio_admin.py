@@ -14,6 +14,8 @@ organisations of the teams where they hold a labeling role, and of no other.
 """
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import importlib.util
@@ -70,10 +72,24 @@ def _local_command() -> tuple[list[str], dict]:
     )
 
 
+@contextlib.contextmanager
+def _one_at_a_time(data_dir: Path | None):
+    """Runs on Label Studio's SQLite database take turns, across this host's processes: two at
+    once (a team's first push and its first sync) failed one with "database is locked". A
+    Label Studio on another host (``LABEL_STUDIO_ADMIN_COMMAND``) runs on its own database."""
+    if data_dir is None or not data_dir.is_dir():
+        yield
+        return
+    with open(data_dir / ".platform-admin.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def run(ops: list[dict]) -> list[dict]:
     """Run ``ops`` in Label Studio's process; their results, in order."""
     import os
 
+    local = None if settings.LABEL_STUDIO_ADMIN_COMMAND else settings.LABEL_STUDIO_DATA_DIR
     if settings.LABEL_STUDIO_ADMIN_COMMAND:
         command, env = shlex.split(settings.LABEL_STUDIO_ADMIN_COMMAND), dict(os.environ)
     else:
@@ -94,9 +110,10 @@ def run(ops: list[dict]) -> list[dict]:
             )
     request = json.dumps({"domain": settings.LABEL_STUDIO_ACCOUNT_DOMAIN, "ops": ops})
     try:
-        done = subprocess.run(
-            command, input=request, capture_output=True, text=True, env=env, timeout=TIMEOUT_S
-        )
+        with _one_at_a_time(local):
+            done = subprocess.run(
+                command, input=request, capture_output=True, text=True, env=env, timeout=TIMEOUT_S
+            )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise AdminError(
             _("Label Studio's administration failed: %(error)s") % {"error": exc}

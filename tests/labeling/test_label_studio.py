@@ -71,3 +71,33 @@ def test_label_studio_down_is_reported_with_what_waits(owner, team):
 @override_settings(LABEL_STUDIO_URL="")
 def test_label_studio_not_configured_is_reported(db):
     assert not label_studio.check_health().ok
+
+
+@needs_label_studio
+def test_first_uses_of_teams_label_studio_at_once_all_succeed(make_team):
+    """Three teams' first pushes at once (three workers): each run on Label Studio's database
+    waits for the one before (without, one failed with "database is locked"), and each team's
+    service account works."""
+    import threading
+
+    from labeling import label_studio_admin
+
+    teams = [make_team(f"并发{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
+    start, errors = threading.Barrier(len(teams)), []
+
+    def first_use(team) -> None:
+        try:
+            start.wait()
+            label_studio_admin.team_ensure(team)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use, args=(t,)) for t in teams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    domain = label_studio.settings.LABEL_STUDIO_ACCOUNT_DOMAIN
+    for team in teams:
+        assert label_studio.client(team).users.whoami().email == f"team-{team.pk}@{domain}"
