@@ -228,9 +228,8 @@ def test_two_pushes_of_one_project_at_once_make_one_label_studio_project(
     monkeypatch.setattr(push_labeling_project, "delay", lambda *args, **kwargs: None)
     version = make_version(reviews_dataset(team, owner, "并发"), owner, UNLABELED_REVIEWS)
     project = labeling_project_create(actor=owner, version=version, name="并发推送")
-    # The team's Label Studio organisation and account are made before: two first uses at
-    # once both try to make them (Label Studio's own database is locked for one; its push
-    # fails and is pushed again by the reconciliation), which is not what this test is about.
+    # The team's projects in Label Studio before the pushes (its first use: the organisation
+    # and account are made here).
     ls = label_studio.client(team)
     before = {p.id for p in ls.projects.list()}
     start, errors = threading.Barrier(2), []
