@@ -28,8 +28,14 @@ from labeling.models import DatasetVersion, LabelingProject, LabelingTask, Label
 from labeling.task_kinds.base import RowError
 
 PUSH_BATCH = 1000
-# Longer than a push with every retry (tasks.push_labeling_project: about 35 minutes).
-PUSH_WINDOW = timedelta(hours=2)
+# A push's retries while Label Studio is down (tasks.push_labeling_project's; Celery's
+# exponential backoff, each wait at most the cap): about 35 minutes in all.
+PUSH_RETRIES, PUSH_BACKOFF_S, PUSH_BACKOFF_MAX_S = 12, 5, 300
+# A project still "creating" this long after its push was queued has lost that push: longer
+# than every retry's wait, with an hour for the attempts themselves.
+PUSH_WINDOW = timedelta(
+    seconds=sum(min(PUSH_BACKOFF_S * 2**i, PUSH_BACKOFF_MAX_S) for i in range(PUSH_RETRIES))
+) + timedelta(hours=1)
 
 
 @transaction.atomic

@@ -8,6 +8,9 @@ from labeling.datasets import uploads_expire
 from labeling.imports import import_run
 from labeling.label_studio import NotConfigured
 from labeling.projects import (
+    PUSH_BACKOFF_MAX_S,
+    PUSH_BACKOFF_S,
+    PUSH_RETRIES,
     labeling_project_problem,
     labeling_project_push,
     labeling_projects_push_again,
@@ -34,9 +37,9 @@ def run_import_job(job_id: int) -> None:
 @shared_task(
     bind=True,
     autoretry_for=(httpx.HTTPError, ApiError),
-    retry_backoff=5,
-    retry_backoff_max=300,
-    max_retries=12,
+    retry_backoff=PUSH_BACKOFF_S,
+    retry_backoff_max=PUSH_BACKOFF_MAX_S,
+    max_retries=PUSH_RETRIES,
 )
 def push_labeling_project(self, project_id: int) -> None:
     """Make a labeling project's Label Studio project and push its tasks. While Label Studio is
