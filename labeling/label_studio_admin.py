@@ -77,10 +77,15 @@ def _one_at_a_time(data_dir: Path | None):
     """Runs on Label Studio's SQLite database take turns, across this host's processes: two at
     once (a team's first push and its first sync) failed one with "database is locked". A
     Label Studio on another host (``LABEL_STUDIO_ADMIN_COMMAND``) runs on its own database."""
-    if data_dir is None or not data_dir.is_dir():
+    try:
+        lock = open(data_dir / ".platform-admin.lock", "a") if data_dir else None
+    except OSError as exc:  # a data directory this process may not write: runs as before
+        logger.warning("Label Studio's administration runs unserialised: %s", exc)
+        lock = None
+    if lock is None:
         yield
         return
-    with open(data_dir / ".platform-admin.lock", "a") as lock:
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         yield
 
