@@ -74,15 +74,21 @@ def test_label_studio_not_configured_is_reported(db):
 
 
 @needs_label_studio
-def test_first_uses_of_teams_label_studio_at_once_all_succeed(make_team):
+def test_first_uses_of_teams_label_studio_at_once_all_succeed(db):
     """Three teams' first pushes at once (three workers): each run on Label Studio's database
     waits for the one before (without, one failed with "database is locked"), and each team's
     service account works."""
     import threading
 
+    from console.models import Team
     from labeling import label_studio_admin
 
-    teams = [make_team(f"并发{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
+    # Ids no other test's team takes (SQLite gives a rolled-back id again), so that the
+    # accounts made here in the session's Label Studio are these teams' alone.
+    teams = []
+    for i in range(3):
+        slug = f"bingfa{i}-{uuid.uuid4().hex[:6]}"
+        teams.append(Team.objects.create(pk=10**8 + uuid.uuid4().int % 10**8, name=slug, slug=slug))
     start, errors = threading.Barrier(len(teams)), []
 
     def first_use(team) -> None:
