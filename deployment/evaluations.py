@@ -6,7 +6,8 @@ match, ROUGE-L and BLEU, with ``runtime.llm_eval``'s prompts and scoring, as an 
 scores a version. An endpoint gives no log-likelihoods: its figures have no
 ``accuracy_loglik``. The result is a ``ModelEvaluation`` of the version that served the most
 traffic, ranked on the set's leaderboard beside the versions' own; queued on Celery's default
-queue (``tasks.evaluate_endpoint``)."""
+queue (``tasks.evaluate_endpoint``). The answers so far are kept every ``CHECKPOINT_EVERY``
+questions: a run whose worker died comes back asking only the questions after them."""
 
 import json
 import time
@@ -35,6 +36,7 @@ from training.models import ModelEvaluation, ModelVersion
 # a larger set is scored as a version, by an evaluate job on a train worker.
 MAX_QUESTIONS = 2000
 CHOICE_TOKENS = 8  # a multiple-choice answer's tokens, as an evaluate job writes them
+CHECKPOINT_EVERY = 20  # answers between two checkpoints (and progress updates)
 
 
 def _served(endpoint: Endpoint, adapter: str) -> tuple[ModelVersion, list[dict]]:
@@ -129,6 +131,44 @@ def _update(evaluation: ModelEvaluation, **fields) -> None:
         setattr(evaluation, name, value)
 
 
+def _checkpoint(evaluation: ModelEvaluation, info: dict, items: list[dict]) -> None:
+    """Keep the answers so far (one file, replaced) and say how many there are."""
+    name = info.get("checkpoint") or f"evaluations/partial-{uuid.uuid4().hex}.json"
+    default_storage.delete(name)  # a worker killed before the save loses only this checkpoint
+    info["checkpoint"] = default_storage.save(name, ContentFile(json.dumps(items).encode()))
+    info["done"] = len(items)
+    _update(evaluation, endpoint=dict(info))
+
+
+def _end(evaluation: ModelEvaluation, info: dict, **fields) -> None:
+    """The run's last update; its checkpoint is no longer needed."""
+    if info.get("checkpoint"):
+        default_storage.delete(info.pop("checkpoint"))
+    info.pop("seconds", None)
+    _update(evaluation, endpoint=info, **fields)
+
+
+def _answered(info: dict, rows: list[dict]) -> list[dict]:
+    """The answers an earlier run of this evaluation kept, where they still are and are of
+    these questions, in order; else none (the run starts over)."""
+    name = info.get("checkpoint")
+    if not name:
+        return []
+    try:
+        with default_storage.open(name, "rb") as f:
+            items = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(items, list) or len(items) > len(rows):
+        return []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or item.get("row") != i + 1:
+            return []
+        if item.get("question") != rows[i]["question"]:
+            return []
+    return items
+
+
 def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
     """Score the endpoint (the task's body): every question asked, scored, the figures kept.
     A question the endpoint refuses (longer than its model's context…) is scored wrong and
@@ -142,7 +182,7 @@ def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
         return None
     info = dict(evaluation.endpoint)
     _update(evaluation, status=ModelEvaluation.Status.RUNNING)
-    started = time.perf_counter()
+    started, spent = time.perf_counter(), info.get("seconds", 0.0)  # an earlier run's time
     try:
         endpoint = Endpoint.objects.filter(pk=info["id"], team_id=evaluation.team_id).first()
         if endpoint is None:
@@ -168,9 +208,10 @@ def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
             except HostRefused as exc:  # scored as a wrong answer, with the reason
                 return "", str(exc)[:500]
 
-        items = []
+        items = _answered(info, rows)
+        info["refused"] = sum("error" in x for x in items)
         with ThreadPoolExecutor(CONCURRENT) as pool:
-            for i, (answer, refused) in enumerate(pool.map(ask, rows)):
+            for i, (answer, refused) in enumerate(pool.map(ask, rows[len(items) :]), len(items)):
                 row = rows[i]
                 if llm_eval.is_choice(row):
                     items.append(llm_eval.choice_item(i, row, answer))
@@ -178,20 +219,21 @@ def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
                     items.append(llm_eval.open_item(i, row, answer))
                 if refused:
                     items[-1]["error"] = refused
-                    info["refused"] = info.get("refused", 0) + 1
-                if (i + 1) % 20 == 0:
-                    _update(evaluation, endpoint={**info, "done": i + 1})
+                    info["refused"] += 1
+                if (i + 1) % CHECKPOINT_EVERY == 0:
+                    info["seconds"] = spent + time.perf_counter() - started
+                    _checkpoint(evaluation, info, items)
     except (HostError, OSError, ValueError) as exc:
         info["error"] = str(exc)[:2000]
-        _update(evaluation, status=ModelEvaluation.Status.FAILED, endpoint=info)
+        _end(evaluation, info, status=ModelEvaluation.Status.FAILED)
         return evaluation
     except BaseException:
         info["error"] = _("The evaluation stopped on an internal error; the log has it.")
-        _update(evaluation, status=ModelEvaluation.Status.FAILED, endpoint=info)
+        _end(evaluation, info, status=ModelEvaluation.Status.FAILED)
         raise
-    if info.get("refused") == len(items):
+    if info["refused"] == len(items):
         info["error"] = _("The endpoint refused every question: %(e)s") % {"e": items[0]["error"]}
-        _update(evaluation, status=ModelEvaluation.Status.FAILED, endpoint=info)
+        _end(evaluation, info, status=ModelEvaluation.Status.FAILED)
         return evaluation
     result = llm_eval.summarise(items)
     name = default_storage.save(
@@ -199,14 +241,14 @@ def endpoint_evaluation_run(evaluation_id: int) -> ModelEvaluation | None:
         ContentFile(json.dumps(items, ensure_ascii=False).encode("utf-8")),
     )
     info.update(done=len(items), finished_at=timezone.now().isoformat())
-    _update(
+    _end(
         evaluation,
+        info,
         status=ModelEvaluation.Status.DONE,
-        endpoint=info,
         metrics=result["metrics"],
         subjects=result["subjects"],
         items_file=name,
         mistakes=[x for x in items if wrong_answer(x)][:MISTAKES],
-        seconds=round(time.perf_counter() - started, 1),
+        seconds=round(spent + time.perf_counter() - started, 1),
     )
     return evaluation

@@ -2,9 +2,13 @@
 (``deployment.evaluations``), on the real serving host: every question asked as its
 applications ask, the answers scored as an evaluate job scores a version's, the result ranked
 on the set's leaderboard beside the versions' own, and an endpoint that went away fails the
-evaluation with the reason."""
+evaluation with the reason; a run whose worker was killed comes back asking only the
+questions after the answers it kept."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -18,6 +22,8 @@ from labeling.datasets import dataset_create
 from runtime.llm_eval import choice_prompt
 from tests.helpers.data import make_version
 from tests.helpers.serving import converge
+from tests.helpers.system import ROOT
+from tests.helpers.workers import suite_database_url
 from training.evaluations import leaderboard
 from training.models import ModelEvaluation
 
@@ -145,6 +151,91 @@ def test_a_deployed_chat_model_is_scored_through_its_api_and_ranked(
     assert failed.status == "failed" and "deleted" in failed.endpoint["error"]
     assert len(leaderboard(exam)["rows"]) == 2  # a failed evaluation is not ranked
     assert len(leaderboard(only_long)["rows"]) == 0
+
+
+# The run of a worker killed (SIGKILL) just after its first checkpoint: nothing after it runs.
+KILLED_AFTER_CHECKPOINT = """
+import os, signal, sys
+import django
+django.setup()
+from deployment import evaluations
+kept = evaluations._checkpoint
+def kept_then_killed(*args):
+    kept(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+evaluations._checkpoint = kept_then_killed
+evaluations.endpoint_evaluation_run(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_worker_was_killed_asks_only_the_questions_after_its_checkpoint(
+    fresh_host, owner, team, model_version, monkeypatch
+):
+    from django.db import transaction
+
+    from deployment import evaluations, tasks
+    from deployment.rollout import endpoint_deploy
+
+    endpoint = endpoint_deploy(
+        actor=owner, team=team, model_version=model_version("instruction", name="chat")
+    )
+    converge(fresh_host, endpoint)
+    sums = [(a, b) for a in range(6) for b in range(5)]
+    rows = [
+        [f"{a}加{b}等于几？", *(str(a + b + k) for k in range(4)), "A", "", "加法"] for a, b in sums
+    ]
+    with transaction.atomic():  # the import runs here, as in a `db` test
+        exam = make_version(
+            dataset_create(actor=owner, team=team, name="sums", task_kind="evaluation"),
+            owner,
+            [QUESTIONS[0], *rows],
+        )
+    # This test is the worker: the task's runs are the two below.
+    queued = []
+    monkeypatch.setattr(tasks.evaluate_endpoint, "delay", queued.append)
+    evaluation = endpoint_evaluation_start(
+        actor=owner, team=team, endpoint=endpoint, dataset_version=exam
+    )
+    assert queued == [evaluation.pk]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": suite_database_url(),
+    }
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_CHECKPOINT, str(evaluation.pk)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr
+    evaluation.refresh_from_db()
+    assert evaluation.status == "running" and evaluation.endpoint["done"] == 20
+    checkpoint = evaluation.endpoint["checkpoint"]
+    assert default_storage.exists(checkpoint)
+
+    asked = []
+
+    def counted(**kwargs):
+        asked.append(kwargs["messages"])
+        return endpoint_chat_complete(**kwargs)
+
+    monkeypatch.setattr(evaluations, "endpoint_chat_complete", counted)
+    endpoint_evaluation_run(evaluation.pk)  # the task, given back, runs again
+    evaluation.refresh_from_db()
+    assert evaluation.status == "done", evaluation.endpoint.get("error")
+    items = json.loads(default_storage.open(evaluation.items_file).read())
+    assert [x["row"] for x in items] == list(range(1, len(rows) + 1))
+    assert sorted(x["question"] for x in items) == sorted(r[0] for r in rows)
+    # The kept answers were not asked again; the others were, once each.
+    questions = [r[0] for r in rows]
+    asked = [q for m in asked for q in questions if f"\n{q}\n" in m[-1]["content"]]
+    assert sorted(asked) == sorted(x["question"] for x in items[20:])
+    assert evaluation.metrics["rows"] == len(rows) and evaluation.endpoint["done"] == len(rows)
+    assert "checkpoint" not in evaluation.endpoint and not default_storage.exists(checkpoint)
 
 
 @pytest.mark.django_db
