@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 
 from console.models import Node
-from tests.helpers.jobs import log_of, losses, wait_for
+from tests.helpers.jobs import log_of, wait_for
 from tests.helpers.workers import start_train_worker, stop_worker
 from training.jobs import training_job_cancel, training_job_submit
 from training.models import TrainingJob
@@ -23,9 +23,10 @@ FAST = {"epochs": 2, "batch_size": 16, "max_seq_length": 32}
 TEAM_LIMIT = {"TRAINING_TEAM_CONCURRENCY": "4"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_nodes(django_db_setup, celery_worker_process):
-    """An Ascend node with two cards and a Kunlunxin node with one, simulated on this CPU."""
+    """An Ascend node with two cards and a Kunlunxin node with one, simulated on this CPU; one
+    pair for the module (the heartbeat test, last, kills the Kunlunxin node)."""
     npu = start_train_worker("ascend-test", "npu:2", TEAM_LIMIT)
     xpu = start_train_worker("kunlun-test", "xpu:1", TEAM_LIMIT)
     yield npu, xpu
@@ -39,6 +40,15 @@ def submit(owner, team, version, **kwargs) -> TrainingJob:
         return training_job_submit(
             actor=owner, team=team, dataset_version=version, hyperparameters=FAST, **kwargs
         )
+
+
+def registered(name: str) -> Node:
+    """The node, once its beat has registered it (with its devices)."""
+    deadline = time.monotonic() + 30
+    while not Node.objects.filter(name=name, devices__isnull=False).exists():
+        assert time.monotonic() < deadline, f"{name} did not register again"
+        time.sleep(0.3)
+    return Node.objects.get(name=name)
 
 
 def overlap(a: TrainingJob, b: TrainingJob) -> bool:
@@ -80,15 +90,11 @@ def test_a_node_whose_heartbeat_stopped_is_shown_so_and_its_jobs_wait(
 ):
     settings.NODE_STALE_S = 3
     _npu, xpu = two_nodes
-    node = Node.objects.get(name="kunlun-test")
+    node = registered("kunlun-test")  # the last test's flush deleted its row
     assert node.alive and node.queues == ["train.xpu"] and node.simulated
     # A node whose row went away (deleted, a database restored) registers again with its beat.
     node.delete()
-    deadline = time.monotonic() + 30
-    while not Node.objects.filter(name="kunlun-test", devices__device_type="xpu").exists():
-        assert time.monotonic() < deadline, "the node did not register again"
-        time.sleep(0.3)
-    node = Node.objects.get(name="kunlun-test")
+    node = registered("kunlun-test")
     os.kill(xpu.pid, signal.SIGKILL)  # the machine is gone: no clean shutdown
     xpu.wait()
     wait_for(node, timeout=30, until=lambda n: not n.alive)
@@ -104,61 +110,3 @@ def test_a_node_whose_heartbeat_stopped_is_shown_so_and_its_jobs_wait(
     # The Ascend node still beats and takes its jobs.
     assert Node.objects.get(name="ascend-test").alive
     training_job_cancel(actor=owner, job=job)
-
-
-@pytest.fixture
-def two_single_card_nodes(django_db_setup, celery_worker_process, request):
-    """Two nodes with one card each (simulated) of the test's device type: a job for two cards
-    spans both."""
-    device = request.param
-    procs = [start_train_worker(f"{device}-{i}", f"{device}:1", TEAM_LIMIT) for i in "ab"]
-    yield device
-    for proc in procs:
-        if proc.poll() is None:
-            stop_worker(proc)
-
-
-@pytest.mark.parametrize(
-    ("backend", "two_single_card_nodes"),
-    [("paddle", "npu"), ("torch", "gpu")],  # torch runs on CUDA (and ROCm) builds only
-    indirect=["two_single_card_nodes"],
-)
-def test_a_job_spans_two_nodes_and_ends_where_one_process_ends(
-    team, owner, make_dataset, two_single_card_nodes, backend
-):
-    """Each node runs its part under the framework's launcher (--master/--nnodes), meeting at
-    the first node; the processes share every batch and average the gradients (gloo), so
-    without dropout the job ends where one process ends."""
-    version = make_dataset(n=80)
-    hp = {"epochs": 3, "batch_size": 16, "dropout": 0.0, "learning_rate": 2e-3}
-
-    def run(count: int) -> TrainingJob:
-        with transaction.atomic():
-            job = training_job_submit(
-                actor=owner,
-                team=team,
-                dataset_version=version,
-                backend=backend,
-                hyperparameters=hp,
-                device_type=two_single_card_nodes,
-                device_count=count,
-            )
-        return wait_for(job)
-
-    one, spanning = run(1), run(2)
-    assert one.status == spanning.status == "succeeded", (one.error, spanning.error)
-    device = two_single_card_nodes
-    assert sorted(p["node"] for p in spanning.placement) == [f"{device}-a", f"{device}-b"]
-    assert spanning.placement[0]["node"] == spanning.node
-    assert all(p["devices"] == [0] for p in spanning.placement)
-    assert spanning.rendezvous.rpartition(":")[2].isdigit()
-    log = log_of(spanning)
-    assert "the job spans 2 nodes" in log and "2 processes train this job" in log
-    assert one.total_steps == spanning.total_steps
-
-    last = one.total_steps
-    assert losses(spanning)[last] == pytest.approx(losses(one)[last], rel=1e-3, abs=1e-4)
-    # Both nodes' cards are free again.
-    assert (
-        not Node.objects.filter(name__startswith="ascend-").filter(devices__holder__gt="").exists()
-    )
