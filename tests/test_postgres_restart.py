@@ -264,7 +264,7 @@ with transaction.atomic():  # the import runs here, as in a `db` test
     rows, mapping = rows_for("text_classification", 60)
     version = make_jsonl_version(dataset, user, rows, mapping)
 hp = {
-    "epochs": 40,
+    "epochs": 25,
     "batch_size": 8,
     "max_seq_length": 32,
     "checkpoint_steps": 4,
