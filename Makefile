@@ -60,7 +60,7 @@ locale/%/LC_MESSAGES/django.mo: locale/%/LC_MESSAGES/django.po $(VENV)/.installe
 $(RT_VENV)/.installed: platform/requirements/runtime.txt platform/runtime-dist/pyproject.toml
 	test -x $(RT_PY) || $(PYTHON) -m venv $(RT_VENV)
 	$(RT_PY) -m pip install --quiet --upgrade pip
-	$(RT_PY) -m pip install --quiet -r platform/requirements/runtime.txt pytest
+	$(RT_PY) -m pip install --quiet -r platform/requirements/runtime.txt pytest pytest-xdist==3.8.0
 	# runtime/ and serving/ only, with the backends' entry points: no Django, no app.
 	$(RT_PY) -m pip uninstall --quiet --yes model-platform 2>/dev/null || true
 	$(RT_PY) -m pip install --quiet --no-deps -e platform/runtime-dist
@@ -101,9 +101,14 @@ run: install $(LABEL_STUDIO)
 	bash platform/start.sh
 
 # tests/runtime runs in the runtime venv (backends, metrics: no Django), the rest in .venv.
+# Each in TEST_PROCESSES processes (pytest-xdist), a test module in one of them: the suite
+# mostly waits on one process at a time (a worker, a runner, Label Studio), so two keep both
+# cores of a small machine busy. tests/settings.py keeps the processes apart.
+TEST_PROCESSES ?= 2
+XDIST := -n $(TEST_PROCESSES) --dist loadfile
 test: install-test $(LABEL_STUDIO)
-	$(RT_PY) -m pytest tests/runtime -p no:django -p no:cacheprovider --noconftest
-	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest
+	$(RT_PY) -m pytest tests/runtime -p no:django -p no:cacheprovider --noconftest $(XDIST)
+	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest $(XDIST)
 
 # The gates .ci/run passes through before the suite: style, the contracts between the packages
 # (import-linter, [tool.importlinter]), the types of runtime/ and serving/ (mypy, [tool.mypy]),

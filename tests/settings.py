@@ -3,6 +3,27 @@
 import os
 import tempfile
 
+# `make test` runs the suite in processes of its own (pytest-xdist: gw0, gw1, ...), each with its
+# own test database (pytest-django). Each is a platform of its own beside the others on the one
+# Redis and Label Studio: its own data directory and ports (not the ones pytest's first process
+# chose before starting them), its own Redis database (queues, workers' broadcasts), its own
+# domain of Label Studio accounts (a team's organisation is found by its service account's),
+# and its own range of runner uids (a job's end kills every process of its uids, and job ids
+# repeat across the databases). Once per process: the workers and runners it starts inherit
+# the variables, and read these settings again.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER and os.environ.get("PLATFORM_TEST_PROCESS") != XDIST_WORKER:
+    os.environ["PLATFORM_TEST_PROCESS"] = XDIST_WORKER
+    os.environ.pop("PLATFORM_DATA_DIR", None)
+    os.environ.pop("SERVING_PORT", None)
+    os.environ.pop("EMAIL_PORT", None)
+    _index = int(XDIST_WORKER.removeprefix("gw"))
+    if _index:
+        if "REDIS_URL" in os.environ:
+            _base, _db = os.environ["REDIS_URL"].rsplit("/", 1)
+            os.environ["REDIS_URL"] = f"{_base}/{int(_db or 0) + _index}"
+        os.environ["LABEL_STUDIO_ACCOUNT_DOMAIN"] = f"gw{_index}.annotators.test"
+        os.environ["PLATFORM_RUNNER_UID_BASE"] = str(200000 + _index * 20_000_000)
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-0123456789")
 # Files of a test run (storage, uploads) go to a directory of its own, never var/.
 os.environ.setdefault("PLATFORM_DATA_DIR", tempfile.mkdtemp(prefix="platform-test-"))
@@ -35,8 +56,9 @@ if "SERVING_PORT" not in os.environ:
         _s.bind(("127.0.0.1", 0))
         os.environ["SERVING_PORT"] = str(_s.getsockname()[1])
 
-from console.settings import *  # noqa: F403
-from console.settings import DATA_DIR, DATABASES, STORAGES
+# After the environment above, which the platform's settings read.
+from console.settings import *  # noqa: E402, F403
+from console.settings import DATA_DIR, DATABASES, STORAGES  # noqa: E402
 
 # Fast hashing: tests create many users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -3,13 +3,12 @@ import subprocess
 import sys
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 from django.urls import reverse
 
 from console import health
 from console.tasks import beat_heartbeat
-from tests.helpers.system import ROOT
+from tests.helpers.system import ROOT, spare_redis_url
 
 
 def test_database_and_redis_are_alive(db):
@@ -42,7 +41,7 @@ def health_in_subprocess(redis_url: str) -> str:
 
 def test_no_worker_and_no_beat_are_reported(celery_worker_process):
     # Another Redis database is another virtual host: the suite's worker does not listen there.
-    other_db = settings.REDIS_URL.rsplit("/", 1)[0] + "/15"
+    other_db = spare_redis_url()
     out = health_in_subprocess(other_db)
     assert "ok=False, detail='No Celery worker answered.'" in out
     assert "name='beat', ok=False" in out

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from runtime.net import free_port
-from tests.helpers.system import ROOT
+from tests.helpers.system import ROOT, spare_redis_url
 
 
 def pg_bin() -> Path | None:
@@ -107,9 +107,8 @@ def redis_of_this_test() -> str:
     """A Redis database of the suite's server that no other process of the suite uses: the
     processes of this test find only their own tasks there."""
     import redis
-    from django.conf import settings
 
-    url = settings.REDIS_URL.rsplit("/", 1)[0] + "/15"
+    url = spare_redis_url()
     redis.Redis.from_url(url).flushdb()
     return url
 

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
-from tests.helpers.system import ROOT
+from tests.helpers.system import ROOT, spare_redis_url
 from tests.helpers.workers import new_database
 
 # The commit of the release before this one (the last landing): what sites run now.
@@ -123,7 +122,7 @@ def test_an_earlier_installation_upgrades_with_the_documented_steps(tmp_path):
     database_url, drop = new_database(tmp_path, "upgraded")
     data = tmp_path / "data"
     data.mkdir()
-    redis = settings.REDIS_URL.rsplit("/", 1)[0] + "/14"  # a database no worker reads
+    redis = spare_redis_url(1)
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",

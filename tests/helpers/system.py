@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def spare_redis_url(k: int = 0) -> str:
+    """The ``k``-th database of the suite's Redis that no process of the suite uses: a test's
+    own processes there find only their own tasks (another database, another virtual host).
+    Each process of the suite (tests/settings.py) has its own spares."""
+    from django.conf import settings
+
+    index = int(os.environ.get("PLATFORM_TEST_PROCESS", "gw0").removeprefix("gw"))
+    return settings.REDIS_URL.rsplit("/", 1)[0] + f"/{15 - k - 2 * index}"
 
 
 class SmallDisk:

@@ -5,6 +5,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -275,7 +276,7 @@ def test_an_annotator_labels_as_themself_without_a_label_studio_password(
     base = label_studio.settings.LABEL_STUDIO_URL
     with httpx.Client(base_url=base, cookies={"sessionid": session}) as browser:
         me = browser.get("/api/current-user/whoami").json()
-        assert me["email"] == f"u{annotator.pk}@annotators.platform.local"
+        assert me["email"] == f"u{annotator.pk}@{settings.LABEL_STUDIO_ACCOUNT_DOMAIN}"
         assert me["first_name"] == "xiaoli"
         browser.get("/projects/")  # Label Studio sets its CSRF cookie on a page
         made = browser.post(
