@@ -16,6 +16,7 @@ class TrainingConfig(AppConfig):
         from console.metrics import collectors
         from console.overview import first_steps, panels
         from console.quotas import storage_counters, storage_labels
+        from training import signals  # noqa: F401 - connects the receivers
         from training.metrics import job_metrics
         from training.overview import first_steps as training_first_steps
         from training.overview import panels as training_panels

@@ -1,15 +1,19 @@
 """Evaluations as an insider would attack them: another team's model version, evaluation set,
 leaderboard or evaluation named by id (API and console: 404, nothing queued), and a runner's
-evaluation.json past its size limit (refused before it is read)."""
+evaluation.json past its size limit (refused before it is read). A deleted set's questions do
+not stay behind in an evaluation's files."""
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
 from django.urls import reverse
 
-from labeling.datasets import dataset_create
+from labeling.datasets import dataset_create, dataset_delete
 from tests.helpers.data import make_version
 from training.evaluations import MAX_EVALUATION_BYTES, evaluation_register, evaluation_submit
 from training.models import ModelEvaluation, TrainingJob
+from training.registry import model_version_delete
 
 QUESTIONS = [["question", "A", "B", "C", "D", "answer"], ["1+1?", "1", "2", "3", "4", "B"]]
 
@@ -184,3 +188,37 @@ def test_another_teams_endpoint_or_set_is_never_evaluated_and_a_viewer_evaluates
     )
     assert r.status_code == 403
     assert not ModelEvaluation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_evaluations_files_go_when_its_set_or_its_model_is_deleted(
+    owner, team, model_version, django_capture_on_commit_callbacks
+):
+    chat = model_version("instruction", name="chat")
+
+    def evaluated(exam) -> list[str]:
+        """An evaluation of ``chat`` on ``exam`` with its items and an unfinished run's
+        checkpoint in storage, as the runs leave them."""
+        items = default_storage.save("evaluations/items.json", ContentFile(b'[{"q": "1+1?"}]'))
+        partial = default_storage.save("evaluations/partial.json", ContentFile(b"[]"))
+        ModelEvaluation.objects.create(
+            team=team,
+            model_version=chat,
+            dataset_version=exam,
+            items_file=items,
+            endpoint={"checkpoint": partial},
+        )
+        return [items, partial]
+
+    exam = evaluation_set(owner, team, "内部考试")
+    files = evaluated(exam)
+    with django_capture_on_commit_callbacks(execute=True):
+        dataset_delete(actor=owner, dataset=exam.dataset)
+    assert not ModelEvaluation.objects.exists()
+    assert not [name for name in files if default_storage.exists(name)]
+
+    files = evaluated(evaluation_set(owner, team, "复试"))
+    with django_capture_on_commit_callbacks(execute=True):
+        model_version_delete(actor=owner, version=chat)
+    assert not ModelEvaluation.objects.exists()
+    assert not [name for name in files if default_storage.exists(name)]
