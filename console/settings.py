@@ -448,6 +448,9 @@ LABEL_STUDIO_TOKEN_FILE = env_path(
 # `python -m platform_ls.manage` there (e.g. over ssh), reading JSON on stdin.
 LABEL_STUDIO_DATA_DIR = env_path("LABEL_STUDIO_DATA_DIR", DATA_DIR / "label-studio").resolve()
 LABEL_STUDIO_ADMIN_COMMAND = env_str("LABEL_STUDIO_ADMIN_COMMAND")
+# Changes of the team a user labels in, per user and hour (each is a run of Label Studio's
+# Django, and those runs take turns: labeling/label_studio.py).
+LABEL_STUDIO_SWITCHES_PER_HOUR = env_int("LABEL_STUDIO_SWITCHES_PER_HOUR", 30, min=1)
 
 # -- REST API --------------------------------------------------------------------------------
 

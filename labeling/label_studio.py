@@ -7,16 +7,20 @@ token (it refreshes the short-lived access token itself): health and versions on
 task, annotation and webhook of the team (``label_studio_admin`` makes the organisation).
 """
 
+import logging
 import time
 from functools import lru_cache
 
 import httpx
+import redis
 from django.conf import settings
 from django.utils.translation import gettext as _
 from label_studio_sdk.client import LabelStudio
 
-from console.health import Check
+from console.health import Check, redis_client
 from labeling import label_studio_admin
+
+logger = logging.getLogger(__name__)
 
 
 class NotConfigured(RuntimeError):
@@ -193,17 +197,50 @@ def account_sync(user, active_team=None):
     return account
 
 
+class TooManySwitches(Exception):
+    """The user changed the team they label in more often than the hour allows; the next
+    change is allowed in ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(retry_after)
+        self.retry_after = retry_after
+
+
+SWITCH_WINDOW_S = 3600
+
+
+def _count_switch(user) -> None:
+    """Each change of the team a user labels in is a run of Label Studio's Django (seconds),
+    and those runs take turns on the host: an account alternating between two teams would hold
+    up every other team's hand-off. ``LABEL_STUDIO_SWITCHES_PER_HOUR`` bounds it per user (an
+    hour from the first change counted); without Redis nothing is counted."""
+    # The time the user joined too: a database made again (a restore, a test run) reuses ids.
+    key = f"platform:label-studio-switches:{user.pk}:{user.date_joined.timestamp():.0f}"
+    try:
+        with redis_client().pipeline() as pipe:
+            pipe.incr(key).expire(key, SWITCH_WINDOW_S, nx=True).ttl(key)
+            count, _set, ttl = pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("team switches of user %s not counted: %s", user.pk, exc)
+        return
+    if count > settings.LABEL_STUDIO_SWITCHES_PER_HOUR:
+        raise TooManySwitches(max(int(ttl), 1))
+
+
 def login_session(user, team) -> str:
     """A Label Studio session for ``user``'s own account, working in ``team``'s organisation.
 
     The account is made (and put in the organisations of the teams where the user labels)
-    through Label Studio's Django on first use or when the user changes team; then the platform
-    logs in with the account's password, derived from ``SECRET_KEY`` and never shown."""
+    through Label Studio's Django on first use or when the user changes team (``TooManySwitches``
+    past the hour's limit); then the platform logs in with the account's password, derived from
+    ``SECRET_KEY`` and never shown."""
     from labeling.models import LabelStudioAccount
 
     email, password = _email(user), _password(user)
     account = LabelStudioAccount.objects.filter(user=user).first()
     if account is None or account.active_team_id != team.pk:
+        if account is not None:
+            _count_switch(user)
         account = account_sync(user, active_team=team)
     with httpx.Client(base_url=settings.LABEL_STUDIO_URL, timeout=15) as http:
         _form_post(http, "/user/login/", {"email": email, "password": password})

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -284,6 +285,20 @@ def project_open(request: HttpRequest, project_id: int) -> HttpResponse:
         raise Http404("The project is not in Label Studio yet.")
     try:
         session = label_studio.login_session(request.user, request.team)
+    except label_studio.TooManySwitches as exc:
+        minutes = -(-exc.retry_after // 60)
+        messages.error(
+            request,
+            ngettext(
+                "You changed the team you label in too often this hour: "
+                "labeling in this team opens again in %(minutes)d minute.",
+                "You changed the team you label in too often this hour: "
+                "labeling in this team opens again in %(minutes)d minutes.",
+                minutes,
+            )
+            % {"minutes": minutes},
+        )
+        return redirect("labeling:project", team=request.team.slug, project_id=p.pk)
     except (label_studio.NotConfigured, httpx.HTTPError) as exc:
         messages.error(request, _("Label Studio is not reachable: %(error)s") % {"error": exc})
         return redirect("labeling:project", team=request.team.slug, project_id=p.pk)

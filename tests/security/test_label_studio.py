@@ -21,7 +21,7 @@ from console.roles import Role
 from labeling import consensus, label_studio, label_studio_admin, selectors
 from labeling.exports import labeling_project_export
 from labeling.imports import import_run
-from labeling.models import Annotation
+from labeling.models import Annotation, LabelStudioAccount
 from labeling.projects import (
     WEBHOOK_SECRET_HEADER,
     labeling_project_webhook_register,
@@ -400,6 +400,28 @@ def test_a_member_cannot_switch_into_another_teams_organisation(client, teams):
     ls = label_studio.client(teams["alpha"])
     texts = {t.data.get("text") for t in ls.tasks.list(project=ls_id)}
     assert texts == {"房间干净", "早餐很差", "服务热情"}
+
+
+def test_switching_teams_in_label_studio_is_limited_per_user(client, teams, make_user, settings):
+    """Each change of the team one labels in is a run of Label Studio's Django, and the runs
+    take turns on the host: a member of two teams alternating hand-offs is refused past the
+    hour's limit, before any run, and goes on labeling in the team they are in."""
+    settings.LABEL_STUDIO_SWITCHES_PER_HOUR = 1
+    dana = make_user("dana")
+    for team in (teams["alpha"], teams["beta"]):
+        Membership.objects.create(team=team, user=dana, role=Role.ANNOTATOR)
+    alpha, beta = teams["projects"]["alpha"], teams["projects"]["beta"]
+    hand_over(client, dana, teams["alpha"], alpha)  # the account is made: no change
+    hand_over(client, dana, teams["beta"], beta)  # the one change this hour allows
+    refused = client.get(f"/t/alpha/labeling/{alpha.pk}/open/", follow=True)
+    assert refused.redirect_chain[0][0] == f"/t/alpha/labeling/{alpha.pk}/"
+    assert "本小时切换标注团队的次数过多" in refused.content.decode()
+    assert LabelStudioAccount.objects.get(user=dana).active_team == teams["beta"]
+    # Still working in Beta's organisation, whose project opens.
+    session = hand_over(client, dana, teams["beta"], beta)
+    me = session.get("/api/current-user/whoami").json()
+    assert me["active_organization"] == organisation_of(teams["beta"])
+    assert session.get(f"/api/projects/{beta.ls_project_id}/").status_code == 200
 
 
 def test_tasks_and_predictions_cannot_be_written_into_another_teams_project(client, teams):
