@@ -80,6 +80,21 @@ def team(make_team, owner):
     return make_team("Alpha", {owner: Role.OWNER})
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _suite_redis_emptied() -> None:
+    """The suite's Redis database (each process of the suite has its own: tests/settings.py)
+    starts empty: a run killed midway leaves its queued tasks there, which this run's workers
+    would take for this run's jobs of the same ids."""
+    import redis
+
+    from console.health import redis_client
+
+    try:
+        redis_client().flushdb()
+    except redis.ConnectionError:
+        pass  # no Redis: the tests that need one say so
+
+
 @pytest.fixture(scope="session")
 def celery_worker_process(django_db_setup) -> Iterator[subprocess.Popen]:
     """A real Celery worker on the suite's Redis and test database, queue `default`."""
