@@ -101,11 +101,13 @@ run: install $(LABEL_STUDIO)
 	bash platform/start.sh
 
 # tests/runtime runs in the runtime venv (backends, metrics: no Django), the rest in .venv.
-# Each in TEST_PROCESSES processes (pytest-xdist), a test module in one of them: the suite
-# mostly waits on one process at a time (a worker, a runner, Label Studio), so two keep both
-# cores of a small machine busy. tests/settings.py keeps the processes apart.
+# Each in TEST_PROCESSES processes (pytest-xdist): the suite mostly waits on one process at a
+# time (a worker, a runner, Label Studio), so two keep both cores of a small machine busy.
+# tests/settings.py keeps the processes apart. Each process takes the tests in the suite's
+# order (pytest-django's: the transactional ones, with the session's workers, last); a module
+# with fixtures of its own scope is one `xdist_group`, run whole in one process.
 TEST_PROCESSES ?= 2
-XDIST := -n $(TEST_PROCESSES) --dist loadfile
+XDIST := -n $(TEST_PROCESSES) --dist loadgroup
 test: install-test $(LABEL_STUDIO)
 	$(RT_PY) -m pytest tests/runtime -p no:django -p no:cacheprovider --noconftest $(XDIST)
 	$(PY) platform/embedded_redis.py run -- $(PY) platform/label_studio.py run -- $(PY) -m pytest $(XDIST)

@@ -7,10 +7,11 @@ import tempfile
 # own test database (pytest-django). Each is a platform of its own beside the others on the one
 # Redis and Label Studio: its own data directory and ports (not the ones pytest's first process
 # chose before starting them), its own Redis database (queues, workers' broadcasts), its own
-# domain of Label Studio accounts (a team's organisation is found by its service account's),
-# and its own range of runner uids (a job's end kills every process of its uids, and job ids
-# repeat across the databases). Once per process: the workers and runners it starts inherit
-# the variables, and read these settings again.
+# domain of Label Studio accounts (a team's organisation is found by its service account's)
+# and SECRET_KEY (the service accounts' tokens are derived from it and the team's id, and
+# Label Studio's token keys are unique), and its own range of runner uids (a job's end kills
+# every process of its uids, and job ids repeat across the databases). Once per process: the
+# workers and runners it starts inherit the variables, and read these settings again.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if XDIST_WORKER and os.environ.get("PLATFORM_TEST_PROCESS") != XDIST_WORKER:
     os.environ["PLATFORM_TEST_PROCESS"] = XDIST_WORKER
@@ -23,6 +24,7 @@ if XDIST_WORKER and os.environ.get("PLATFORM_TEST_PROCESS") != XDIST_WORKER:
             _base, _db = os.environ["REDIS_URL"].rsplit("/", 1)
             os.environ["REDIS_URL"] = f"{_base}/{int(_db or 0) + _index}"
         os.environ["LABEL_STUDIO_ACCOUNT_DOMAIN"] = f"gw{_index}.annotators.test"
+        os.environ["SECRET_KEY"] = f"test-secret-key-gw{_index}-not-for-production-0123456789"
         os.environ["PLATFORM_RUNNER_UID_BASE"] = str(200000 + _index * 20_000_000)
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-0123456789")
 # Files of a test run (storage, uploads) go to a directory of its own, never var/.

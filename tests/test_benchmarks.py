@@ -12,6 +12,9 @@ import pytest
 
 from tests.helpers.system import ROOT
 
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
+pytestmark = pytest.mark.xdist_group("benchmarks")
+
 BENCHMARKS = sorted(p.name for p in (ROOT / "benchmarks").glob("[!_]*.py"))
 # Run a few at a time: much of a smoke is waiting (servers starting, a job's process, a
 # worker's poll), which another one's work fills.

@@ -22,7 +22,11 @@ BUILD = ROOT / "platform/offline/build.py"
 VERSION = "0.1.0"
 BUNDLE = f"model-platform-offline-{VERSION}"
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the bundle targets Linux")
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="the bundle targets Linux"),
+    pytest.mark.xdist_group("offline-bundle"),
+]
 
 
 def _can_unshare() -> bool:

@@ -23,6 +23,9 @@ import requests
 from runtime.net import free_port
 from tests.helpers.system import ROOT, spare_redis_url
 
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
+pytestmark = pytest.mark.xdist_group("postgres-restart")
+
 
 def pg_bin() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))

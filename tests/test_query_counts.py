@@ -31,6 +31,9 @@ from deployment.models import Endpoint, EndpointKey, Placement, Revision, Servin
 from labeling.models import Dataset, DatasetVersion, LabelingProject
 from training.models import BaseModel, ModelVersion, TrainingJob
 
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
+pytestmark = pytest.mark.xdist_group("query-counts")
+
 SMALL, BIG = 10, 10_000
 KIND = "text_classification"
 

@@ -18,6 +18,9 @@ from django.conf import settings
 
 from tests.deployment.fixtures import ServingHostProcess
 
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
+pytestmark = pytest.mark.xdist_group("security-serving")
+
 KEY = "mpe_security-key-0123456789"
 OTHER_KEY = "mpe_other-endpoint-key-0123"
 LIMIT = 1 << 20  # SERVING_MAX_BODY_MB=1

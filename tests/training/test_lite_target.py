@@ -23,7 +23,9 @@ from training.registry import (
     model_version_targets,
 )
 
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
 pytestmark = [
+    pytest.mark.xdist_group("lite-target"),
     pytest.mark.django_db,
     pytest.mark.skipif(lite.lite_python() is None, reason="no lite venv (.venv-lite)"),
 ]

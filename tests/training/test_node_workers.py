@@ -16,7 +16,8 @@ from tests.helpers.workers import start_train_worker, stop_worker
 from training.jobs import training_job_cancel, training_job_submit
 from training.models import TrainingJob
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Its module-scoped fixtures: the module runs whole in one process of the suite (Makefile).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("node-workers")]
 
 FAST = {"epochs": 2, "batch_size": 16, "max_seq_length": 32}
 # The team may run all the jobs of a test at once.

@@ -17,6 +17,12 @@ from label_studio.core.settings.label_studio import *  # noqa: F403
 from label_studio.core.settings.label_studio import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "platform_ls.apps.PlatformConfig"]
+
+# Label Studio's SQLite database is written by its server and by the platform's administration
+# runs (platform_ls.manage) at once: a writer waits up to 30 s for the other's lock instead of
+# failing with "database is locked" after Django's 5.
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30  # noqa: F405
 PROJECT_MIXIN = "platform_ls.mixins.ProjectMixin"
 
 # Webhooks, URL imports and storages: no private, loopback or link-local address. Set here, not
