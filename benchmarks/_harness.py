@@ -77,12 +77,17 @@ def review_rows(n: int, seed: int = 0, filler: tuple[int, int] = (18, 68)) -> li
 
 
 def bench_env(tmp: Path, database_url: str = "") -> dict[str, str]:
-    """The settings of a throwaway platform in ``tmp``: its data directory and database."""
+    """The settings of a throwaway platform in ``tmp``: its data directory and database, and a
+    secret key and domain of Label Studio accounts of its own: its team 1's service account (and
+    the token derived from the key) is not another platform's on the same Label Studio (the
+    suite's, or another benchmark's, when `make test` runs them)."""
+    own = hashlib.sha256(bytes(tmp)).hexdigest()[:8]
     return {
         "DJANGO_SETTINGS_MODULE": "console.settings",
         "PLATFORM_DATA_DIR": str(tmp / "data"),
         "DATABASE_URL": database_url or f"sqlite:///{tmp}/bench.sqlite3",
-        "SECRET_KEY": SECRET_KEY,
+        "SECRET_KEY": f"{SECRET_KEY}-{own}",
+        "LABEL_STUDIO_ACCOUNT_DOMAIN": f"bench-{own}.test",
         "LOG_LEVEL": "WARNING",
     }
 

@@ -80,7 +80,9 @@ def main() -> None:
                 "--",
                 *command,
             ]
-        out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+        out = subprocess.run(command, env=env, capture_output=True, text=True)
+    if out.returncode:  # the measuring process's own words
+        sys.exit(f"the measuring process failed ({out.returncode}):\n{out.stderr[-4000:]}")
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     push_s, bare_s = figures["push_s"], figures["bare_import_s"]
     print(f"platform push: {tasks} tasks in {push_s:.2f} s; bare SDK import: {bare_s:.2f} s")
