@@ -4,6 +4,7 @@ trained on the same rows and scored on the same test split in one run, by the jo
 
     make bench      # or: .venv/bin/python benchmarks/quality.py [--rows N] [--kind K] [--smoke]
     .venv/bin/python benchmarks/quality.py --file reviews.csv   # text,label (UTF-8 or GBK)
+    .venv/bin/python benchmarks/quality.py --file ner.jsonl     # {"text", "entities"} rows
 
 The generated corpus has a known signal that no single keyword gives away: a review holds
 three to six opinion words, each possibly negated (不/没有), its label is the sign of their
@@ -91,11 +92,28 @@ def read_csv(path: Path) -> list[dict]:
     return rows
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """NER rows of a JSON Lines file: {"text": ..., "entities": [{"start", "end", "label"}]}."""
+    rows = []
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rows.append({"text": row["text"], "entities": row["entities"]})
+        except (ValueError, KeyError, TypeError) as e:
+            sys.exit(f"{path}, line {number}: not a row of text and entities ({e})")
+    random.Random(0).shuffle(rows)  # noqa: S311 - a seeded split
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--kind", choices=["text_classification", "ner"], default=None)
-    parser.add_argument("--file", type=Path, help="a CSV of text,label rows instead")
+    parser.add_argument(
+        "--file", type=Path, help="a CSV of text,label rows, or a .jsonl of NER rows, instead"
+    )
     parser.add_argument("--preset", default="", help="default: the CPU default of the kind")
     parser.add_argument("--epochs", type=int, default=0, help="default: the preset's")
     args = parse(parser, smoke={"rows": 400, "epochs": 2})
@@ -104,11 +122,16 @@ def main() -> None:
     from runtime.spec import JobSpec
 
     kind = args.kind or "text_classification"
-    if args.file:
+    if args.file and args.file.suffix == ".jsonl":
+        rows, kind = read_jsonl(args.file)[: args.rows], "ner"
+    elif args.file:
         rows, kind = read_csv(args.file)[: args.rows], "text_classification"
     else:
         rows = ner_rows(args.rows) if kind == "ner" else reviews(args.rows)
-    labels = ["人名", "地名"] if kind == "ner" else sorted({r["label"] for r in rows}, key=str)
+    if kind == "ner":
+        labels = sorted({e["label"] for r in rows for e in r["entities"]} or {"人名", "地名"})
+    else:
+        labels = sorted({r["label"] for r in rows}, key=str)
     preset = args.preset or default_preset(kind)
     hp = recommended(kind, preset=preset)
     if args.epochs:

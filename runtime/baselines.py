@@ -40,6 +40,9 @@ SEED = 0
 # Logistic regression on l2-normalised TF-IDF: a little less regularisation than sklearn's C=1,
 # which underfits sparse n-grams on a few thousand rows.
 LR_C = 10.0
+# The fast model's second regression, over naive-Bayes-scaled features (NBSVM): less
+# regularised (the ratios already shrink rare n-grams).
+NB_LR_C = 30.0
 LR_MAX_ITER = 1000
 THRESHOLD = 0.5  # multi_label: a label is predicted at p ≥ 0.5, as the model's default
 CRF_C1, CRF_C2, CRF_MAX_ITER = 0.1, 0.1, 100

@@ -128,7 +128,16 @@ _FROM_SCRATCH = {"learning_rate": 1e-3, "epochs": 10, "batch_size": 16, "warmup_
 # The fast models: embeddings learn fast with a large rate (their wide parts ten times
 # larger); early stopping ends them.
 _FAST = {
-    "ngram-bag-char": {"learning_rate": 3e-3, "epochs": 15, "batch_size": 32, "dropout": 0.3},
+    # 256 characters: a longer text is cut into windows, and a bag of n-grams over a window
+    # is a weaker model of the text than over all of it (on real reviews, 18 % of which are
+    # longer than 128: macro-F1 −0.4 % at 128).
+    "ngram-bag-char": {
+        "learning_rate": 3e-3,
+        "epochs": 15,
+        "batch_size": 32,
+        "dropout": 0.3,
+        "max_seq_length": 256,
+    },
     "bigru-crf-char": {"learning_rate": 3e-3, "epochs": 15, "batch_size": 32, "dropout": 0.3},
 }
 _FINE_TUNE = {
@@ -170,5 +179,5 @@ def recommended(task_kind: str, *, preset: str | None) -> Hyperparameters:
         values = {**_FAST[preset], "warmup_ratio": 0.02}
     else:
         values = dict(_FROM_SCRATCH) if preset else dict(_FINE_TUNE[task_kind])
-    values["max_seq_length"] = _MAX_LENGTH[task_kind]
+    values.setdefault("max_seq_length", _MAX_LENGTH[task_kind])
     return Hyperparameters(**values)

@@ -134,3 +134,46 @@ def test_the_wide_part_hashes_in_numpy_as_in_the_graph():
     model.eval()
     logits = model(paddle.to_tensor(np.array([[2, 57, 8, 3], [2, 301, 9, 3]]))).numpy()
     assert list(logits.argmax(axis=1)) == [0, 1]
+
+
+def test_a_two_way_wide_part_is_the_regression_plus_nbsvm_in_the_graph():
+    """The wide part of a two-way decision: the baseline's logistic regression plus one over
+    the naive-Bayes-scaled features, folded into one table that the graph reads; the graph's
+    logits are the two regressions' decision values summed, row by row."""
+    import paddle
+    from scipy import sparse
+    from sklearn.linear_model import LogisticRegression
+
+    from runtime.baselines import LR_C, NB_LR_C
+
+    rng = np.random.default_rng(0)
+    rows = [[2, *rng.integers(4, 60, size=rng.integers(3, 12)).tolist(), 3] for _ in range(120)]
+    labels = [int(sum(r) % 3 == 0 or 5 in r) for r in rows]
+    model = paddle_models.build(
+        {"architecture": "ngram_bag", "vocab_size": 80, "num_labels": 2, "wide_buckets": 1 << 16}
+    )
+    model.warm_start(rows, labels, "single")
+
+    # The features as the graph reads them: each occurrence's IDF, over the root of the sum
+    # of their squares.
+    idf = model.idf.numpy()[:, 0].astype("float64")
+    x = sparse.lil_matrix((len(rows), 1 << 16))
+    for i, r in enumerate(rows):
+        grams = model._np_grams(np.asarray(r))
+        for g in grams:
+            x[i, g] += idf[g] / np.sqrt((idf[grams] ** 2).sum())
+    x = sparse.csr_matrix(x)
+    y = np.array(labels)
+    ratio = paddle_models._nb_ratio(x, y == 1)
+    expected = LogisticRegression(C=LR_C, max_iter=1000).fit(x, y).decision_function(x)
+    scaled = x @ sparse.diags(ratio)
+    expected += (
+        LogisticRegression(C=NB_LR_C, max_iter=1000).fit(scaled, y).decision_function(scaled)
+    )
+
+    model.eval()
+    width = max(len(r) for r in rows)
+    padded = np.array([r + [0] * (width - len(r)) for r in rows])
+    logits = model(paddle.to_tensor(padded)).numpy()
+    assert np.allclose(logits[:, 1] - logits[:, 0], expected, atol=1e-3)
+    assert ((logits[:, 1] > logits[:, 0]) == y).mean() > 0.9
