@@ -5,6 +5,7 @@ trained on the same rows and scored on the same test split in one run, by the jo
     make bench      # or: .venv/bin/python benchmarks/quality.py [--rows N] [--kind K] [--smoke]
     .venv/bin/python benchmarks/quality.py --file reviews.csv   # text,label (UTF-8 or GBK)
     .venv/bin/python benchmarks/quality.py --file ner.jsonl     # {"text", "entities"} rows
+    .venv/bin/python benchmarks/quality.py --file reviews.csv --folds 5   # 5 runs, turned
 
 The generated corpus has a known signal that no single keyword gives away: a review holds
 three to six opinion words, each possibly negated (不/没有), its label is the sign of their
@@ -15,7 +16,10 @@ hyperparameters, early stopping) except where an argument says otherwise. Splits
 two cores for 20 k rows.
 
 Ends with one JSON line: model_metric, baseline_metric, ratio (model / baseline), train_s (the
-model's training phase), baseline_train_s, metric, preset, rows.
+model's training phase), baseline_train_s, metric, preset, rows. With ``--folds K`` (K runs, the
+rows turned by 1/K each, so each tests other rows) the figures are means, and the line adds
+each run's model_metrics and baseline_metrics, difference_mean, difference_stdev and
+model_wins: one split's test rows cannot tell apart differences of half a percent.
 """
 
 import argparse
@@ -23,6 +27,7 @@ import csv
 import io
 import json
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -116,10 +121,15 @@ def main() -> None:
     )
     parser.add_argument("--preset", default="", help="default: the CPU default of the kind")
     parser.add_argument("--epochs", type=int, default=0, help="default: the preset's")
+    parser.add_argument(
+        "--folds",
+        type=int,
+        default=1,
+        help="runs over the rows turned by 1/K each: mean and spread of the difference",
+    )
     args = parse(parser, smoke={"rows": 400, "epochs": 2})
 
     from runtime.presets import default_preset, recommended
-    from runtime.spec import JobSpec
 
     kind = args.kind or "text_classification"
     if args.file and args.file.suffix == ".jsonl":
@@ -137,6 +147,48 @@ def main() -> None:
     if args.epochs:
         hp.epochs = args.epochs
     n = len(rows)
+    runs = []
+    for k in range(args.folds):
+        # Fold k: the rows turned by k/K of their number, so each run tests other rows.
+        turned = rows[k * n // args.folds :] + rows[: k * n // args.folds]
+        runs.append(run_once(turned, kind, labels, preset, hp))
+        print(
+            f"{kind}, {n} rows, {preset}, run {k + 1}/{args.folds}: {runs[-1]['metric']} "
+            f"{runs[-1]['model']} vs {runs[-1]['name']} {runs[-1]['baseline']} "
+            f"(majority {runs[-1]['majority']})",
+            flush=True,
+        )
+    models = [r["model"] for r in runs]
+    baselines = [r["baseline"] for r in runs]
+    figures = {
+        "model_metric": round(statistics.mean(models), 6),
+        "baseline_metric": round(statistics.mean(baselines), 6),
+        "ratio": round(statistics.mean(models) / statistics.mean(baselines), 4)
+        if all(baselines)
+        else None,
+        "train_s": round(statistics.mean(r["train_s"] for r in runs), 1),
+        "baseline_train_s": runs[0]["baseline_train_s"],
+        "metric": runs[0]["metric"],
+        "preset": preset,
+        "rows": n,
+    }
+    if args.folds > 1:  # the spread that tells a difference from the noise of one split
+        differences = [m - b for m, b in zip(models, baselines, strict=True)]
+        figures |= {
+            "folds": args.folds,
+            "model_metrics": models,
+            "baseline_metrics": baselines,
+            "difference_mean": round(statistics.mean(differences), 6),
+            "difference_stdev": round(statistics.stdev(differences), 6),
+            "model_wins": sum(d > 0 for d in differences),
+        }
+    print_result(figures)
+
+
+def run_once(rows: list[dict], kind: str, labels: list[str], preset: str, hp) -> dict:
+    """One job of the runner on ``rows`` cut 0.8/0.1/0.1: its comparison with the baselines."""
+    from runtime.spec import JobSpec
+
     with workspace("quality-") as tmp:
         workdir = Path(tmp) / "job"
         write_splits(workdir, train_dev_test(rows))
@@ -148,23 +200,15 @@ def main() -> None:
     phases = {e["phase"]: e["t"] for e in events if e["kind"] == "state" and "phase" in e}
     comparison = evaluation["comparison"]
     classical = evaluation["baselines"]["classical"]
-    model, baseline = comparison["model"], comparison["baseline"]
-    print(
-        f"{kind}, {n} rows, {preset}: {comparison['metric']} {model} vs "
-        f"{classical.get('name')} {baseline} (majority {comparison['majority']})"
-    )
-    print_result(
-        {
-            "model_metric": model,
-            "baseline_metric": baseline,
-            "ratio": round(model / baseline, 4) if baseline else None,
-            "train_s": round(phases["exporting"] - phases["training"], 1),
-            "baseline_train_s": classical.get("train_s"),
-            "metric": comparison["metric"],
-            "preset": preset,
-            "rows": n,
-        }
-    )
+    return {
+        "model": comparison["model"],
+        "baseline": comparison["baseline"],
+        "majority": comparison["majority"],
+        "metric": comparison["metric"],
+        "name": classical.get("name"),
+        "train_s": phases["exporting"] - phases["training"],
+        "baseline_train_s": classical.get("train_s"),
+    }
 
 
 if __name__ == "__main__":
