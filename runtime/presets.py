@@ -58,7 +58,9 @@ FAST_PRESETS: dict[str, dict] = {
         "hidden_size": 128,
         "num_layers": 1,
         "buckets": 100_000,
-        "wide_buckets": 262_144,
+        # 2^20 (4 MB a tag): at 2^18 the CRF's hashed features collide (5-fold, People's
+        # Daily: entity F1 0.9074 against 0.9101, lower in every fold).
+        "wide_buckets": 1_048_576,
     },
 }
 # The backends that train the fast presets.

@@ -73,6 +73,9 @@ def _np_gram_ids(ids: np.ndarray, offsets: tuple[int, ...], buckets: int, salt: 
 
 # The wide part's n-gram orders: TF-IDF's character 1- to 3-grams.
 WIDE_ORDERS = (1, 2, 3)
+# Rows an n-gram must be in to count. 5-fold on 17,410 real reviews (sklearn, the graph's
+# features): macro-F1 0.8544 with every n-gram, 0.8566 at 2, 0.8561 at 3; TF-IDF + LR 0.8531.
+WIDE_MIN_DF = 2
 # The wide part of a tagger: the offsets of the characters each CRF feature joins.
 # (A salt of its own keeps each template's features apart.)
 CRF_TEMPLATES = tuple(
@@ -217,7 +220,8 @@ class NgramBag(nn.Layer):
 
     def warm_start(self, rows: list[list[int]], targets: list, head: str) -> str:
         """Solve the wide part on the training rows' ids and targets: IDF (sklearn's smooth
-        idf), then the regressions (``_solve``). Returns what it did, for the log."""
+        idf; none below ``WIDE_MIN_DF`` rows), then the regressions (``_solve``). Returns what
+        it did, for the log."""
         if not self.wide_buckets:
             return ""
         from scipy import sparse
@@ -229,7 +233,10 @@ class NgramBag(nn.Layer):
         df = np.zeros(self.wide_buckets, dtype="float64")
         for g in grams:
             df[np.unique(g)] += 1
-        idf = np.log((1 + len(rows)) / (1 + df)) + 1
+        # An n-gram in fewer than MIN_DF training rows weighs nothing, in the sum and in the
+        # norm: a test row's n-grams never seen in training no longer shrink its logits (the
+        # regression has no weight for them), and hapaxes no longer add noise to NBSVM's ratios.
+        idf = (np.log((1 + len(rows)) / (1 + df)) + 1) * (df >= WIDE_MIN_DF)
         self.idf.set_value(idf[:, None].astype("float32"))
         indptr = np.cumsum([0] + [len(g) for g in grams])
         cols = np.concatenate(grams)
@@ -327,12 +334,13 @@ class BiGRUCRF(nn.Layer):
 
     def warm_start(self, rows: list[list[int]], targets: list, head: str) -> str:
         """Solve the wide part with crfsuite on the training rows' ids and tags (the
-        baseline's solver and regularisation): its feature weights and the transitions."""
+        baseline's solver, less regularised: ``WIDE_CRF_C1``): its feature weights and the
+        transitions."""
         if not self.wide_buckets:
             return ""
         import sklearn_crfsuite
 
-        from runtime.baselines import CRF_C1, CRF_C2, CRF_MAX_ITER, MAX_CRF_CHARS
+        from runtime.baselines import CRF_MAX_ITER, MAX_CRF_CHARS, WIDE_CRF_C1, WIDE_CRF_C2
 
         xs: list[list[dict[str, float]]] = []
         ys: list[list[str]] = []
@@ -353,8 +361,8 @@ class BiGRUCRF(nn.Layer):
             return ""
         crf = sklearn_crfsuite.CRF(
             algorithm="lbfgs",
-            c1=CRF_C1,
-            c2=CRF_C2,
+            c1=WIDE_CRF_C1,
+            c2=WIDE_CRF_C2,
             max_iterations=CRF_MAX_ITER,
             all_possible_transitions=True,
         )

@@ -134,6 +134,13 @@ def test_the_wide_part_hashes_in_numpy_as_in_the_graph():
     model.eval()
     logits = model(paddle.to_tensor(np.array([[2, 57, 8, 3], [2, 301, 9, 3]]))).numpy()
     assert list(logits.argmax(axis=1)) == [0, 1]
+    # Characters never seen in training (and an n-gram of one training row) weigh nothing:
+    # the wide part scores a row with them as it scores the row without them.
+    wide = paddle.to_tensor(np.array([[2, 301, 9, 3, 0, 0], [2, 301, 9, 3, 77, 78]]))
+    scores = model._wide(wide, (wide != 0).astype("float32")).numpy()
+    assert np.allclose(scores[0], scores[1], atol=1e-5)
+    model.warm_start([*rows, [2, 99, 3]], [0, 0, 1, 1] * 5 + [1], "single")
+    assert model.idf.numpy()[paddle_models._np_gram_ids(np.array([99]), (0,), 1000, 1)[0], 0] == 0
 
 
 def test_a_two_way_wide_part_is_the_regression_plus_nbsvm_in_the_graph():
@@ -177,3 +184,63 @@ def test_a_two_way_wide_part_is_the_regression_plus_nbsvm_in_the_graph():
     logits = model(paddle.to_tensor(padded)).numpy()
     assert np.allclose(logits[:, 1] - logits[:, 0], expected, atol=1e-3)
     assert ((logits[:, 1] > logits[:, 0]) == y).mean() > 0.9
+
+
+def test_a_taggers_wide_part_is_the_less_regularised_crf_in_the_graph():
+    """The tagger's wide part: crfsuite's solution over the hashed character features, at the
+    wide part's regularisation (not the baseline's): each character's tag scores in the graph
+    are the sum of its features' weights, and the CRF's transitions are crfsuite's."""
+    import paddle
+    import sklearn_crfsuite
+
+    from runtime.baselines import CRF_MAX_ITER, WIDE_CRF_C1, WIDE_CRF_C2
+
+    rng = np.random.default_rng(0)
+    rows, tags = [], []
+    for _ in range(60):  # tag 1 (B) then 2 (I): the two characters after a 5
+        chars = rng.integers(6, 40, size=rng.integers(4, 12)).tolist()
+        at = int(rng.integers(0, len(chars) - 2))
+        chars[at] = 5
+        rows.append([2, *chars, 3])
+        tags.append(
+            [
+                -100,
+                *[1 if i == at + 1 else 2 if i == at + 2 else 0 for i in range(len(chars))],
+                -100,
+            ]
+        )
+    buckets = 1 << 16
+    model = paddle_models.build(
+        {"architecture": "bigru_crf", "vocab_size": 50, "num_labels": 3, "wide_buckets": buckets}
+    )
+    assert model.warm_start(rows, tags, "token")
+
+    def features(row: list[int]) -> list[dict[str, float]]:
+        ids = np.asarray(row)
+        grams = [
+            paddle_models._np_gram_ids(ids, offsets, buckets, salt)[1:-1]
+            for salt, offsets in paddle_models.CRF_TEMPLATES
+        ]
+        return [{str(int(g[t])): 1.0 for g in grams} for t in range(len(row) - 2)]
+
+    crf = sklearn_crfsuite.CRF(
+        algorithm="lbfgs",
+        c1=WIDE_CRF_C1,
+        c2=WIDE_CRF_C2,
+        max_iterations=CRF_MAX_ITER,
+        all_possible_transitions=True,
+    )
+    crf.fit([features(r) for r in rows], [[str(t) for t in row[1:-1]] for row in tags])
+    model.eval()
+    for row in rows[:10]:
+        emissions = model(paddle.to_tensor(np.array([row]))).numpy()[0, 1:-1]
+        expected = np.zeros_like(emissions)
+        for t, feats in enumerate(features(row)):
+            for attr in feats:
+                for tag in range(3):
+                    expected[t, tag] += crf.state_features_.get((attr, str(tag)), 0.0)
+        assert np.allclose(emissions, expected, atol=1e-4)
+    transitions = np.zeros((3, 3))
+    for (a, b), value in crf.transition_features_.items():
+        transitions[int(a), int(b)] = value
+    assert np.allclose(model.transitions(), transitions, atol=1e-5)
