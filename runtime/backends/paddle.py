@@ -126,6 +126,10 @@ class PaddleOps(PaddleCheckpointed):
             }
             if self.fast_config["architecture"] == "ngram_bag":
                 self.fast_config["pair"] = spec.task_kind == "text_pair"
+            if self.fast_config.get("wide_buckets"):  # bounded whatever the labels' number
+                self.fast_config["wide_buckets"] = paddle_models.wide_buckets(
+                    self.fast_config["wide_buckets"], space.num_outputs
+                )
             self.model = paddle_models.build(self.fast_config)
             self.optimizer = paddle_models.optimizer(
                 self.model, spec.hp.learning_rate, spec.hp.weight_decay

@@ -76,6 +76,10 @@ WIDE_ORDERS = (1, 2, 3)
 # Training rows an n-gram must be in to count. 5-fold on 17,410 real reviews, macro-F1: this
 # wide part 0.8549 with every n-gram, 0.8557 at 2; TF-IDF + LR 0.8531 on the same folds.
 WIDE_MIN_DF = 2
+# The most weights a wide table holds (64 MB): its rows are buckets, its columns the labels or
+# tags, which the data chooses; past it the buckets are halved (``wide_buckets``).
+WIDE_TABLE_MAX = 1 << 24
+WIDE_MIN_BUCKETS = 1 << 12
 # The wide part of a tagger: the offsets of the characters each CRF feature joins.
 # (A salt of its own keeps each template's features apart.)
 CRF_TEMPLATES = tuple(
@@ -87,6 +91,15 @@ CRF_TEMPLATES = tuple(
 
 def _ending_at(n: int) -> tuple[int, ...]:
     return tuple(range(-(n - 1), 1))
+
+
+def wide_buckets(asked: int, outputs: int) -> int:
+    """The buckets of a wide table for ``outputs`` labels or tags: ``asked``, halved until the
+    table holds at most ``WIDE_TABLE_MAX`` weights (not below ``WIDE_MIN_BUCKETS``)."""
+    buckets = asked
+    while buckets > WIDE_MIN_BUCKETS and buckets * outputs > WIDE_TABLE_MAX:
+        buckets //= 2
+    return buckets
 
 
 def _regression(c: float):

@@ -1,7 +1,8 @@
 """Shares and limits, attacked as an insider would through the real API, console and workers: a
 maintainer publishing a site-wide base model or shadowing a team's model with one, uploads past
 the team's quota or left to pile up, a slow upload holding the database's write lock, more jobs
-than a user's share (from several teams), the top priority, and a job that runs for ever."""
+than a user's share (from several teams), the top priority, a job that runs for ever, and a
+model as large as its labels make it."""
 
 import json
 import re
@@ -25,6 +26,7 @@ from labeling.datasets import dataset_create, staging_path
 from labeling.models import Dataset, Upload
 from tests.helpers.data import make_jsonl_version, rows_for
 from tests.helpers.jobs import wait_for
+from tests.helpers.models import in_runtime
 from training.models import BaseModel, TrainingJob
 from training.supervision import job_workdir
 
@@ -407,3 +409,53 @@ def test_a_job_past_its_maximum_run_time_is_stopped_and_failed(make_user, make_t
         capture_output=True,
     )
     assert runner.returncode == 1, "the runner still runs"
+
+
+# A tagger trained by the runner on rows whose entities carry argv[2] labels (two tags each):
+# its wide table's cells, their bound and the bytes of its weights.
+MANY_LABELS = r"""
+import json, random, sys
+from pathlib import Path
+
+import runtime.run as runner
+from runtime.backends.paddle_models import WIDE_TABLE_MAX
+from runtime.spec import Hyperparameters, JobSpec
+
+workdir = Path(sys.argv[1])
+rng = random.Random(0)
+labels = [f"类{i}" for i in range(int(sys.argv[2]))]
+(workdir / "data").mkdir(parents=True)
+for split, n in (("train", 48), ("dev", 8), ("test", 8)):
+    rows = []
+    for _ in range(n):
+        text = "".join(rng.choice("甲乙丙丁戊己庚辛壬癸") for _ in range(12))
+        entity = {"start": 2, "end": 4, "label": rng.choice(labels)}
+        rows.append({"text": text, "entities": [entity]})
+    (workdir / "data" / f"{split}.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8"
+    )
+hp = Hyperparameters(epochs=1, batch_size=8, max_seq_length=32, checkpoint_steps=0)
+spec = JobSpec(job_id=1, task_kind="ner", labels=labels, backend="paddle", hyperparameters=hp)
+spec.preset = "bigru-crf-char"
+spec.save(workdir)
+runner.emit = lambda *a, **k: None
+runner.run(workdir)
+for config in workdir.rglob("config.json"):
+    c = json.loads(config.read_text("utf-8"))
+    if c.get("architecture") == "bigru_crf":
+        size = sum(f.stat().st_size for f in config.parent.glob("*.safetensors"))
+        cells = c["wide_buckets"] * c["num_labels"]
+        print(json.dumps({"cells": cells, "max": WIDE_TABLE_MAX, "bytes": size}))
+"""
+
+
+def test_a_fast_models_wide_table_is_bounded_whatever_the_number_of_labels(tmp_path):
+    """The labels are the data's to choose, and a fast model's wide table has a column per
+    label or tag: 60 entity types (121 tags) at the tagger's 2^20 buckets would be 500 MB of
+    weights a model. The buckets are halved until the table fits ``WIDE_TABLE_MAX``."""
+    lines = in_runtime(MANY_LABELS, str(tmp_path / "job"), "60", timeout=300).splitlines()
+    models = [json.loads(line) for line in lines if line.startswith("{")]
+    assert models
+    for model in models:
+        assert 0 < model["cells"] <= model["max"], model
+        assert model["bytes"] < 4 * model["max"] + 200 * 2**20, model  # the table and the rest
