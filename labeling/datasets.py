@@ -27,6 +27,7 @@ from console.quotas import team_storage_check
 from console.services import audit_record
 from labeling import task_kinds
 from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
+from labeling.task_kinds.base import MAX_LABEL_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +76,28 @@ def staging_path(upload: Upload) -> Path:
 # -- Datasets ----------------------------------------------------------------------------------
 
 
-def clean_labels(labels: Iterable[str]) -> list[str]:
-    cleaned = []
+def clean_labels(labels: Iterable[str], task_kind: str) -> list[str]:
+    """The labels a user gave for a dataset or a labeling project: stripped, each once, in
+    their order; ValidationError for one too long or for more than the kind takes."""
+    limit = task_kinds.get(task_kind).max_labels
+    cleaned: list[str] = []
+    seen: set[str] = set()
     for label in labels:
         label = label.strip()
-        if label and label not in cleaned:
-            cleaned.append(label)
+        if not label or label in seen:
+            continue
+        if len(label) > MAX_LABEL_CHARS:
+            raise ValidationError(
+                _("The label “%(label)s…” is %(n)d characters long (at most %(max)d).")
+                % {"label": label[:20], "n": len(label), "max": MAX_LABEL_CHARS}
+            )
+        if len(cleaned) == limit:
+            raise ValidationError(
+                _("More than %(max)d labels: a dataset of this kind takes at most %(max)d.")
+                % {"max": limit}
+            )
+        seen.add(label)
+        cleaned.append(label)
     return cleaned
 
 
@@ -108,7 +125,7 @@ def dataset_create(
         name=name,
         task_kind=task_kind,
         description=description.strip(),
-        labels=clean_labels(labels),
+        labels=clean_labels(labels, task_kind),
         created_by=actor,
     )
     audit_record(

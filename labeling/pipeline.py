@@ -216,6 +216,7 @@ def run_import(
     seen_add, strata_append, digest_update = seen.add, strata.append, digest.update
     bisect_right = bisect.bisect_right
     allowed = options.labels
+    max_labels = schema.max_labels
 
     with (
         open(rows_tmp, "wb") as out,
@@ -240,6 +241,29 @@ def run_import(
                 reasons[error.reason] += 1
                 report.write(_report_line(row_number, error, "rejected", record))
                 continue
+            labels = row_labels(row)
+            if len(label_counts) + len(labels) > max_labels and (
+                len({*label_counts, *labels}) > max_labels
+            ):
+                # The labels are the rows' to choose: past the kind's limit, a row with one
+                # more is refused and the rows with the labels already seen go on.
+                rejected += 1
+                reasons["too_many_labels"] += 1
+                error = RowError(
+                    "too_many_labels",
+                    schema.label_field or schema.text_fields[0],
+                    _(
+                        "The label “%(label)s” would be label %(n)d: a dataset of this kind "
+                        "holds at most %(max)d."
+                    )
+                    % {
+                        "label": next(x for x in labels if x not in label_counts),
+                        "n": len(label_counts) + 1,
+                        "max": max_labels,
+                    },
+                )
+                report.write(_report_line(row_number, error, "rejected", record))
+                continue
             text_key = dedup_key(row)
             key = hash(text_key)
             if key in seen:
@@ -259,7 +283,6 @@ def run_import(
             write(line)
             digest_update(line)
             kept += 1
-            labels = row_labels(row)
             for label in labels:
                 label_counts[label] = label_counts.get(label, 0) + 1
             if answered:

@@ -57,7 +57,11 @@ def labeling_project_create(
     name = name.strip()
     if not name:
         raise ValidationError(_("A labeling project needs a name."))
-    labels = clean_labels(labels) or list(dataset.labels) or list(version.stats.get("labels", {}))
+    labels = (
+        clean_labels(labels, dataset.task_kind)
+        or list(dataset.labels)
+        or list(version.stats.get("labels", {}))
+    )
     if not labels and task_kinds.get(dataset.task_kind).takes_labels:
         raise ValidationError(_("Give the labels the annotators choose from."))
     if selection not in LabelingProject.Selection.values:
@@ -237,7 +241,7 @@ def labeling_project_set_labels(
     invalidate work done)."""
     from labeling.label_studio import client
 
-    labels = clean_labels(labels)
+    labels = clean_labels(labels, project.source_version.dataset.task_kind)
     if not labels:
         raise ValidationError(_("Give the labels the annotators choose from."))
     if project.annotations.exists():

@@ -36,6 +36,11 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
+# The most characters a label may have: a label is a name in a labeling config, a model's
+# head and every report, not a text.
+MAX_LABEL_CHARS = 200
+
+
 # JSON nested deeper than this is refused: no dataset needs it, and whatever handles the value
 # later (the preview's serialisation, Label Studio) recurses once per level.
 MAX_JSON_DEPTH = 64
@@ -123,6 +128,10 @@ class Kind(ABC):
     # Whether its rows carry labels the team defines (its label config lists them); a kind
     # without (the generative kinds, evaluation sets) is labeled once a row has its answer.
     takes_labels: bool = True
+    # The most distinct labels a dataset version of the kind may hold: a model's head, its
+    # report's confusion and the labeling config grow with them (a tagger's transitions with
+    # their square), and the rows, which an uploader writes, choose how many.
+    max_labels: int = 2000
 
     @property
     def generative(self) -> bool:
@@ -227,6 +236,13 @@ def clean_label(value, name: str, norm: Normalizer, labels: frozenset[str] | Non
         return None
     if labels is not None and label not in labels:
         raise RowError("unknown_label", name, _("Unknown label “%(label)s”.") % {"label": label})
+    if len(label) > MAX_LABEL_CHARS:
+        raise RowError(
+            "bad_labels",
+            name,
+            _("The label is %(n)d characters long (at most %(max)d).")
+            % {"n": len(label), "max": MAX_LABEL_CHARS},
+        )
     control = _CONTROL.search(label)
     if control:
         raise RowError(

@@ -21,6 +21,8 @@ from runtime.kinds import TaskKind
 class Ner(Kind):
     kind = TaskKind.NER
     label = _("Named entity recognition (命名实体识别)")
+    # Each type is two tags (B-, I-) and the CRF's transitions are tags × tags.
+    max_labels = 100
     fields = (
         Field("text", True, ("文本", "内容", "content", "sentence", "句子")),
         Field("entities", False, ("实体", "spans", "label", "labels")),

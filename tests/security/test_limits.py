@@ -1,8 +1,8 @@
 """Shares and limits, attacked as an insider would through the real API, console and workers: a
 maintainer publishing a site-wide base model or shadowing a team's model with one, uploads past
 the team's quota or left to pile up, a slow upload holding the database's write lock, more jobs
-than a user's share (from several teams), the top priority, a job that runs for ever, and a
-model as large as its labels make it."""
+than a user's share (from several teams), the top priority, a job that runs for ever, a
+dataset of as many labels as its rows name, and a model as large as its labels make it."""
 
 import json
 import re
@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.files.storage import default_storage
 from django.test import Client
 from django.utils import timezone
@@ -24,7 +25,9 @@ from console.roles import Role
 from console.services import api_token_create
 from labeling.datasets import dataset_create, staging_path
 from labeling.models import Dataset, Upload
-from tests.helpers.data import make_jsonl_version, rows_for
+from labeling.task_kinds import KINDS
+from labeling.task_kinds.base import MAX_LABEL_CHARS
+from tests.helpers.data import csv_data, import_file, make_jsonl_version, rows_for
 from tests.helpers.jobs import wait_for
 from tests.helpers.models import in_runtime
 from training.models import BaseModel, TrainingJob
@@ -459,3 +462,57 @@ def test_a_fast_models_wide_table_is_bounded_whatever_the_number_of_labels(tmp_p
     for model in models:
         assert 0 < model["cells"] <= model["max"], model
         assert model["bytes"] < 4 * model["max"] + 200 * 2**20, model  # the table and the rest
+
+
+def _report(version) -> dict[int, dict]:
+    with default_storage.open(version.report_file) as f:
+        return {e["row"]: e for e in map(json.loads, f.read().decode().splitlines())}
+
+
+@pytest.mark.django_db
+def test_a_dataset_holds_no_more_labels_than_its_kind_takes_whatever_its_rows_name(
+    make_user, make_team
+):
+    """Every head, report and labeling config grows with the labels, and an uploader's rows
+    choose them: past the kind's limit a row with a new label is refused by row, the others
+    import."""
+    owner = make_user("olga")
+    team = make_team("Labels", {owner: Role.OWNER})
+    limit = KINDS["text_classification"].max_labels
+    dataset = dataset_create(actor=owner, team=team, name="many", task_kind="text_classification")
+    rows = [["text", "label"]] + [[f"第{i}条评论", f"类{i}"] for i in range(limit + 2)]
+    rows.append(["又一条", "类0"])  # a label already seen still imports
+    version = import_file(dataset, owner, csv_data(rows)).version
+    assert version.row_count == limit + 1
+    assert version.errors_by_reason == {"too_many_labels": 2}
+    assert len(version.stats["labels"]) == limit
+    refused = _report(version)[limit + 2]  # the header is row 1
+    assert refused["reason"] == "too_many_labels" and refused["column"] == "label"
+    assert f"类{limit}" in refused["message"] and str(limit) in refused["message"]
+
+    # NER: each type is two tags and a CRF's transitions their square.
+    ner_limit = KINDS["ner"].max_labels
+    ner = dataset_create(actor=owner, team=team, name="types", task_kind="ner")
+    records = [
+        {"text": f"张三{i}", "entities": [{"start": 0, "end": 2, "label": f"型{i}"}]}
+        for i in range(ner_limit + 1)
+    ]
+    version = make_jsonl_version(ner, owner, records, {"text": "text", "entities": "entities"})
+    assert version.row_count == ner_limit and version.errors_by_reason == {"too_many_labels": 1}
+
+    # A label is a name, not a text: a long one is refused with its row; and a label list a
+    # user gives is held to the same limits.
+    long = "长" * (MAX_LABEL_CHARS + 1)
+    job = import_file(dataset, owner, csv_data([["text", "label"], ["a", "好"], ["b", long]]))
+    assert job.version.errors_by_reason == {"bad_labels": 1}
+    with pytest.raises(ValidationError, match=f"at most {limit}"):
+        dataset_create(
+            actor=owner,
+            team=team,
+            name="typed",
+            task_kind="text_classification",
+            labels=[f"类{i}" for i in range(limit + 1)],
+        )
+    with pytest.raises(ValidationError, match=str(MAX_LABEL_CHARS)):
+        dataset_create(actor=owner, team=team, name="long", task_kind="ner", labels=["人名", long])
+    assert not Dataset.objects.filter(name__in=["typed", "long"]).exists()
