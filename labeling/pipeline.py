@@ -243,7 +243,7 @@ def run_import(
                 continue
             labels = row_labels(row)
             if len(label_counts) + len(labels) > max_labels and (
-                len({*label_counts, *labels}) > max_labels
+                len(label_counts) + len({x for x in labels if x not in label_counts}) > max_labels
             ):
                 # The labels are the rows' to choose: past the kind's limit, a row with one
                 # more is refused and the rows with the labels already seen go on.
