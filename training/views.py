@@ -1,6 +1,7 @@
 """Console pages of training: jobs (submit, live progress, cancel, retry, clone), model
 versions (evaluation report, comparison, download, import) and base models (import)."""
 
+import heapq
 import json
 from urllib.parse import quote
 
@@ -283,8 +284,18 @@ def models(request: HttpRequest) -> HttpResponse:
     )
 
 
+# A confusion matrix is drawn up to this many labels (a readable page, and a bounded one: a
+# version may have 2,000 labels, 4 million cells); past it the page lists the most frequent
+# confusions (``confusions``).
+MAX_HEATMAP_LABELS = 30
+MAX_CONFUSIONS = 20
+
+
 def heatmap(confusion: dict) -> list[dict]:
-    """Rows of the confusion matrix with each cell's share of its row, for shading."""
+    """Rows of the confusion matrix with each cell's share of its row, for shading; none past
+    ``MAX_HEATMAP_LABELS``."""
+    if len(confusion.get("labels", [])) > MAX_HEATMAP_LABELS:
+        return []
     rows = []
     for label, counts in zip(
         confusion.get("labels", []), confusion.get("matrix", []), strict=False
@@ -298,6 +309,24 @@ def heatmap(confusion: dict) -> list[dict]:
             }
         )
     return rows
+
+
+def confusions(confusion: dict) -> list[dict]:
+    """The most frequent confusions (true label, predicted label, rows, share of the true
+    label's rows), largest first, where the matrix is too large to draw."""
+    labels, matrix = confusion.get("labels", []), confusion.get("matrix", [])
+    if len(labels) <= MAX_HEATMAP_LABELS:
+        return []
+    cells = [
+        (n, i, j, sum(counts))
+        for i, counts in enumerate(matrix[: len(labels)])
+        for j, n in enumerate(counts[: len(labels)])
+        if n and i != j
+    ]
+    return [
+        {"true": labels[i], "predicted": labels[j], "n": n, "share": n / total}
+        for n, i, j, total in heapq.nlargest(MAX_CONFUSIONS, cells)
+    ]
 
 
 def _answer(item: dict) -> str:
@@ -397,6 +426,7 @@ def model(request: HttpRequest, model_version_id: int) -> HttpResponse:
             "version": version,
             "metrics": metrics,
             "heatmap": heatmap(metrics.get("confusion", {})),
+            "confusions": confusions(metrics.get("confusion", {})),
             "comparison": version.baseline_comparison,
             "mistakes": mistakes(version.evaluation),
             "can_write": _can(request, Perm.TRAINING_WRITE),

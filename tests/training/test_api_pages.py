@@ -1,6 +1,7 @@
 """The REST API and console pages of training, as a maintainer and a viewer see them."""
 
 import io
+import re
 import tarfile
 
 import pytest
@@ -194,6 +195,36 @@ def test_a_multi_label_report_shows_each_labels_counts(client, team, owner, tmp_
     ).content.decode()
     assert 'data-testid="label-confusion"' in body and "物流" in body
     assert "<td>到货慢</td><td>物流</td><td>∅</td>" in body
+
+
+def test_a_report_of_many_labels_lists_its_largest_confusions_instead_of_the_matrix(
+    client, team, owner, tmp_path
+):
+    """A version may have thousands of labels: the page draws the matrix up to 30 of them, and
+    past that lists the off-diagonal cells with the most rows, largest first."""
+    labels = [f"类{i}" for i in range(40)]
+    matrix = [[10 if i == j else 0 for j in range(40)] for i in range(40)]
+    matrix[3][7], matrix[5][2], matrix[8][8] = 6, 2, 30  # a diagonal cell is no confusion
+    for i in range(10, 40):
+        matrix[i][(i + 1) % 40] = 1
+    evaluation = {
+        "split": "test",
+        "rows": 440,
+        "metrics": {"accuracy": 0.9, "confusion": {"labels": labels, "matrix": matrix}},
+        "mistakes": [],
+    }
+    model = stored_model(team, owner, tmp_path, evaluation=evaluation)
+    client.force_login(owner)
+    body = client.get(
+        reverse("training:model", kwargs={"team": team.slug, "model_version_id": model.pk})
+    ).content.decode()
+    assert 'data-testid="confusion"' not in body and "Most frequent confusions" in body
+    listed = re.findall(
+        r"<tr><td>(类\d+)</td><td>(类\d+)</td><td>(\d+)</td><td>([\d.]+)</td></tr>", body
+    )
+    assert len(listed) == 20
+    assert listed[:2] == [("类3", "类7", "6", "0.375"), ("类5", "类2", "2", "0.167")]
+    assert all(n == "1" for _true, _predicted, n, _share in listed[2:])
 
 
 def _with_baselines(model_f1: float) -> dict:
