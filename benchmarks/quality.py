@@ -159,6 +159,7 @@ def main() -> None:
             flush=True,
         )
     models = [r["model"] for r in runs]
+    baseline_s = [r["baseline_train_s"] for r in runs if r["baseline_train_s"] is not None]
     baselines = [r["baseline"] for r in runs]
     figures = {
         "model_metric": round(statistics.mean(models), 6),
@@ -167,7 +168,7 @@ def main() -> None:
         if all(baselines)
         else None,
         "train_s": round(statistics.mean(r["train_s"] for r in runs), 1),
-        "baseline_train_s": runs[0]["baseline_train_s"],
+        "baseline_train_s": round(statistics.mean(baseline_s), 3) if baseline_s else None,
         "metric": runs[0]["metric"],
         "preset": preset,
         "rows": n,

@@ -194,10 +194,24 @@ def _vectorizer():
     )
 
 
-def _logistic():
+def linear_chain_crf(c1: float, c2: float):
+    """The character CRF of the baseline (and of the fast tagger's wide part), unfitted."""
+    import sklearn_crfsuite
+
+    return sklearn_crfsuite.CRF(
+        algorithm="lbfgs",
+        c1=c1,
+        c2=c2,
+        max_iterations=CRF_MAX_ITER,
+        all_possible_transitions=True,
+    )
+
+
+def logistic(c: float = LR_C):
+    """The logistic regression of the baselines (and of the fast models' wide parts)."""
     from sklearn.linear_model import LogisticRegression
 
-    return LogisticRegression(C=LR_C, max_iter=LR_MAX_ITER)
+    return LogisticRegression(C=c, max_iter=LR_MAX_ITER)
 
 
 def _featurizer(task_kind: str, train: list[dict]):
@@ -226,7 +240,7 @@ def _train_single(task_kind: str, train: list[dict]) -> Predict:
     if len(set(y)) < 2:
         raise ValueError("the training rows have one label only")
     features = _featurizer(task_kind, train)
-    clf = _logistic().fit(features(train), y)
+    clf = logistic().fit(features(train), y)
     classes = [str(c) for c in clf.classes_]
 
     def predict(rows: list[dict]) -> list[dict]:
@@ -262,7 +276,7 @@ def _train_multi_label(labels: list[str], train: list[dict]) -> Predict:
         raise ValueError("one training row only")
     features = _featurizer(TaskKind.MULTI_LABEL, train)
     # A label present in every row, or in none, is learnt as a constant by OneVsRest.
-    clf = OneVsRestClassifier(_logistic()).fit(features(train), y)
+    clf = OneVsRestClassifier(logistic()).fit(features(train), y)
 
     def predict(rows: list[dict]) -> list[dict]:
         if not rows:
@@ -353,8 +367,6 @@ def _spans(text: str, tags: list[str], marginals: list[dict] | None) -> list[dic
 
 
 def _train_crf(train: list[dict]) -> Predict:
-    import sklearn_crfsuite
-
     xs: list[list[dict]] = []
     ys: list[list[str]] = []
     chars = 0
@@ -372,13 +384,7 @@ def _train_crf(train: list[dict]) -> Predict:
         ys.append(_bio(entities, length)[: len(text)])
     if not any(tag != "O" for tags in ys for tag in tags):
         raise ValueError("no entity in the training rows")
-    crf = sklearn_crfsuite.CRF(
-        algorithm="lbfgs",
-        c1=CRF_C1,
-        c2=CRF_C2,
-        max_iterations=CRF_MAX_ITER,
-        all_possible_transitions=True,
-    )
+    crf = linear_chain_crf(CRF_C1, CRF_C2)
     crf.fit(xs, ys)
 
     def predict(rows: list[dict]) -> list[dict]:

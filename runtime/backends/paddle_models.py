@@ -102,14 +102,6 @@ def wide_buckets(asked: int, outputs: int) -> int:
     return buckets
 
 
-def _regression(c: float):
-    from sklearn.linear_model import LogisticRegression
-
-    from runtime.baselines import LR_MAX_ITER
-
-    return LogisticRegression(C=c, max_iter=LR_MAX_ITER)
-
-
 def _nb_ratio(x, positive: np.ndarray) -> np.ndarray:
     """Each feature's naive-Bayes log-count ratio between the positive rows and the others
     (add-one smoothed), as NBSVM scales features by."""
@@ -206,7 +198,7 @@ class NgramBag(nn.Layer):
         regression alone in every fold."""
         from scipy import sparse
 
-        from runtime.baselines import LR_C, NB_LR_C
+        from runtime.baselines import LR_C, NB_LR_C, logistic
 
         weight = np.zeros((self.wide_buckets, self.num_labels), dtype="float64")
         bias = np.zeros(self.num_labels, dtype="float64")
@@ -218,7 +210,7 @@ class NgramBag(nn.Layer):
             classes = np.unique(column)
             if len(classes) < 2:  # one class only: the deep part and the bias learn it
                 continue
-            lr = _regression(LR_C).fit(x, column)
+            lr = logistic(LR_C).fit(x, column)
             if len(classes) > 2:
                 weight[:, classes.astype(int)] = lr.coef_.T
                 bias[classes.astype(int)] = lr.intercept_
@@ -226,7 +218,7 @@ class NgramBag(nn.Layer):
             at = j if head == "multi" else int(classes[1])  # the column of the positive class
             positive = column == classes[1]
             ratio = _nb_ratio(x, positive)
-            nb = _regression(NB_LR_C).fit(x @ sparse.diags(ratio), positive)
+            nb = logistic(NB_LR_C).fit(x @ sparse.diags(ratio), positive)
             weight[:, at] = lr.coef_[0] + ratio * nb.coef_[0]
             bias[at] = lr.intercept_[0] + nb.intercept_[0]
         return weight, bias
@@ -351,9 +343,7 @@ class BiGRUCRF(nn.Layer):
         transitions."""
         if not self.wide_buckets:
             return ""
-        import sklearn_crfsuite
-
-        from runtime.baselines import CRF_MAX_ITER, MAX_CRF_CHARS, WIDE_CRF_C1, WIDE_CRF_C2
+        from runtime.baselines import MAX_CRF_CHARS, WIDE_CRF_C1, WIDE_CRF_C2, linear_chain_crf
 
         xs: list[list[dict[str, float]]] = []
         ys: list[list[str]] = []
@@ -372,13 +362,7 @@ class BiGRUCRF(nn.Layer):
             ys.append([str(max(int(tag), 0)) for tag in tags[1 : n + 1]])
         if not any(tag != "0" for seq in ys for tag in seq):
             return ""
-        crf = sklearn_crfsuite.CRF(
-            algorithm="lbfgs",
-            c1=WIDE_CRF_C1,
-            c2=WIDE_CRF_C2,
-            max_iterations=CRF_MAX_ITER,
-            all_possible_transitions=True,
-        )
+        crf = linear_chain_crf(WIDE_CRF_C1, WIDE_CRF_C2)
         crf.fit(xs, ys)
         weight = np.zeros((self.wide_buckets, self.num_labels), dtype="float32")
         for (attr, tag), value in crf.state_features_.items():
