@@ -8,7 +8,9 @@
 """
 
 import json
+import linecache
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +102,21 @@ class PaddleCheckpointed:
             self.optimizer.set_state_dict(load_paddle_state(directory))
 
 
+def pin_sources(model: Any) -> None:
+    """Keep the source of the model's code as this process loaded it. Paddle's export
+    (dy2static) reads each layer's ``forward`` from its file, at the end of the job: an upgrade
+    that replaced the file since would have it convert other lines (or fail, "Function: forward
+    doesn't exist…"). Linecache keeps an entry without a modification time as it is."""
+    paths = {
+        getattr(sys.modules.get(type(x).__module__), "__file__", None)
+        for x in [model, *model.sublayers()]
+    }
+    for path in filter(None, paths):
+        lines = linecache.getlines(path)
+        if lines:
+            linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
+
+
 class PaddleOps(PaddleCheckpointed):
     # A fast preset's config.json (runtime.backends.paddle_models); None for an ERNIE model.
     fast_config: dict | None = None
@@ -137,6 +154,7 @@ class PaddleOps(PaddleCheckpointed):
         else:
             self.model = self._ernie(spec, space, vocab_size)
             self.optimizer = self._adamw(spec, self.model)
+        pin_sources(self.model)
         self.amp = spec.hp.amp and spec.device_type != "cpu"
         self.amp_dtype = spec.hp.amp_dtype
         # float16's narrow range needs the loss scaled; bfloat16 has float32's range.

@@ -244,3 +244,34 @@ def test_a_taggers_wide_part_is_the_less_regularised_crf_in_the_graph():
     for (a, b), value in crf.transition_features_.items():
         transitions[int(a), int(b)] = value
     assert np.allclose(model.transitions(), transitions, atol=1e-5)
+
+
+def test_an_export_converts_the_code_the_job_loaded_though_an_upgrade_replaced_its_file(
+    tmp_path: Path, monkeypatch
+):
+    """Paddle's export reads a layer's ``forward`` from its file at the end of the job: a file
+    replaced meanwhile (an upgrade under a running job) must neither fail the export nor
+    change what it computes."""
+    import importlib
+    import os
+
+    import paddle
+    from paddle.static import InputSpec
+
+    from runtime.backends.paddle import pin_sources
+
+    source = tmp_path / "upgraded_model.py"
+    code = "from paddle import nn\n\n\nclass Net(nn.Layer):\n    def forward(self, x):\n"
+    source.write_text(code + "        return x * 2.0\n", "utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = importlib.import_module("upgraded_model").Net()
+    pin_sources(model)
+    source.write_text("# a newer release\n\n" + code + "        return x * 3.0\n", "utf-8")
+    later = source.stat().st_mtime + 10
+    os.utime(source, (later, later))
+
+    model.eval()
+    static = paddle.jit.to_static(model, input_spec=[InputSpec([None, 2], "float32")])
+    paddle.jit.save(static, str(tmp_path / "export" / "inference"))
+    exported = paddle.jit.load(str(tmp_path / "export" / "inference"))
+    assert exported(paddle.ones([1, 2])).numpy().tolist() == [[2.0, 2.0]]
