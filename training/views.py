@@ -317,15 +317,17 @@ def confusions(confusion: dict) -> list[dict]:
     labels, matrix = confusion.get("labels", []), confusion.get("matrix", [])
     if len(labels) <= MAX_HEATMAP_LABELS:
         return []
-    cells = [
-        (n, i, j, sum(counts))
-        for i, counts in enumerate(matrix[: len(labels)])
+    rows = matrix[: len(labels)]
+    totals = [sum(counts) for counts in rows]
+    cells = (
+        (n, i, j)
+        for i, counts in enumerate(rows)
         for j, n in enumerate(counts[: len(labels)])
         if n and i != j
-    ]
+    )
     return [
-        {"true": labels[i], "predicted": labels[j], "n": n, "share": n / total}
-        for n, i, j, total in heapq.nlargest(MAX_CONFUSIONS, cells)
+        {"true": labels[i], "predicted": labels[j], "n": n, "share": n / totals[i]}
+        for n, i, j in heapq.nlargest(MAX_CONFUSIONS, cells, key=lambda cell: cell[0])
     ]
 
 
