@@ -27,7 +27,8 @@ from console.quotas import team_storage_check
 from console.services import audit_record
 from labeling import task_kinds
 from labeling.models import Dataset, DatasetVersion, ImportJob, Upload
-from labeling.task_kinds.base import MAX_LABEL_CHARS
+from labeling.normalize import Normalizer
+from labeling.task_kinds.base import RowError, clean_label
 
 logger = logging.getLogger(__name__)
 
@@ -77,20 +78,20 @@ def staging_path(upload: Upload) -> Path:
 
 
 def clean_labels(labels: Iterable[str], task_kind: str) -> list[str]:
-    """The labels a user gave for a dataset or a labeling project: stripped, each once, in
-    their order; ValidationError for one too long or for more than the kind takes."""
+    """The labels a user gave for a dataset or a labeling project, checked and normalised as an
+    imported row's (``clean_label``), each once, in their order; ValidationError for a label
+    that would be a row error, or for more than the kind takes."""
     limit = task_kinds.get(task_kind).max_labels
     cleaned: list[str] = []
     seen: set[str] = set()
-    for label in labels:
-        label = label.strip()
+    norm = Normalizer()
+    for value in labels:
+        try:  # the checks of an imported row's label
+            label = clean_label(value, "labels", norm, None)
+        except RowError as error:
+            raise ValidationError(error.message) from None
         if not label or label in seen:
             continue
-        if len(label) > MAX_LABEL_CHARS:
-            raise ValidationError(
-                _("The label “%(label)s…” is %(n)d characters long (at most %(max)d).")
-                % {"label": label[:20], "n": len(label), "max": MAX_LABEL_CHARS}
-            )
         if len(cleaned) == limit:
             raise ValidationError(
                 _("More than %(max)d labels: a dataset of this kind takes at most %(max)d.")

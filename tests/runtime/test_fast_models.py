@@ -191,9 +191,8 @@ def test_a_taggers_wide_part_is_the_less_regularised_crf_in_the_graph():
     wide part's regularisation (not the baseline's): each character's tag scores in the graph
     are the sum of its features' weights, and the CRF's transitions are crfsuite's."""
     import paddle
-    import sklearn_crfsuite
 
-    from runtime.baselines import CRF_MAX_ITER, WIDE_CRF_C1, WIDE_CRF_C2
+    from runtime.baselines import WIDE_CRF_C1, WIDE_CRF_C2, linear_chain_crf
 
     rng = np.random.default_rng(0)
     rows, tags = [], []
@@ -223,13 +222,7 @@ def test_a_taggers_wide_part_is_the_less_regularised_crf_in_the_graph():
         ]
         return [{str(int(g[t])): 1.0 for g in grams} for t in range(len(row) - 2)]
 
-    crf = sklearn_crfsuite.CRF(
-        algorithm="lbfgs",
-        c1=WIDE_CRF_C1,
-        c2=WIDE_CRF_C2,
-        max_iterations=CRF_MAX_ITER,
-        all_possible_transitions=True,
-    )
+    crf = linear_chain_crf(WIDE_CRF_C1, WIDE_CRF_C2)
     crf.fit([features(r) for r in rows], [[str(t) for t in row[1:-1]] for row in tags])
     model.eval()
     for row in rows[:10]:
