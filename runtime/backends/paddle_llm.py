@@ -9,7 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.paddle import load_paddle_state, paddle_device, save_paddle_state
+from runtime.backends.paddle import (
+    flush_denormals,
+    load_paddle_state,
+    paddle_device,
+    save_paddle_state,
+)
 from runtime.chat import ChatTokenizer
 from runtime.data import IGNORE
 from runtime.generation import position_ids
@@ -39,6 +44,7 @@ class PaddleLLMOps:
         from paddlenlp.utils.log import logger
 
         logger.set_level("WARNING")
+        flush_denormals()
         self.spec = spec
         hp = spec.hp
         self.device = paddle_device(spec)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.paddle import PaddleCheckpointed, PaddleOps, paddle_device
+from runtime.backends.paddle import PaddleCheckpointed, PaddleOps, flush_denormals, paddle_device
 from runtime.data import IGNORE
 from runtime.presets import PRESETS, preset_config
 from runtime.spec import JobSpec
@@ -22,6 +22,7 @@ class PaddleMLMOps(PaddleCheckpointed):
         from paddlenlp.utils.log import logger
 
         logger.set_level("WARNING")
+        flush_denormals()
         paddle.set_device(paddle_device(spec))
         paddle.seed(spec.hp.seed)
         if spec.base_model_dir:
