@@ -18,6 +18,7 @@ import numpy as np
 
 from runtime.backends import LoopBackend
 from runtime.data import IGNORE, MULTI, SINGLE, TOKEN, LabelSpace
+from runtime.inference import flush_denormals
 from runtime.loop import BEST, VOCAB
 from runtime.presets import is_fast, preset_config
 from runtime.spec import JobSpec
@@ -115,28 +116,6 @@ def pin_sources(model: Any) -> None:
         lines = linecache.getlines(path)
         if lines:
             linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
-
-
-def flush_denormals() -> bool:
-    """Have this process's CPU take denormal floats as zero (FTZ and DAZ), as PyTorch's
-    ``set_flush_denormal`` does. Adam with L2 decay drives the weights that no batch moves any
-    more (a dead convolution channel, a rare character's row) towards zero through the denormal
-    range, where each multiplication costs a hundred times more: on real reviews a fast
-    model's convolution weights were 92 % denormal after four epochs, and a convolution over
-    them 50 times slower. Paddle has the switch (``platform::ScopedFlushDenormal``) but no
-    Python API: its constructor sets the calling thread's flags, which threads started later
-    inherit. False where the build lacks it (the flags are x86's; other CPUs keep theirs)."""
-    import ctypes
-
-    import paddle
-
-    try:
-        library = ctypes.CDLL(str(Path(paddle.__file__).parent / "base" / "libpaddle.so"))
-        scope = library["_ZN6paddle8platform19ScopedFlushDenormalC1Ev"]
-    except (OSError, AttributeError):
-        return False
-    scope(ctypes.create_string_buffer(64))  # the scope object, never destroyed: the flags stay
-    return True
 
 
 class PaddleOps(PaddleCheckpointed):

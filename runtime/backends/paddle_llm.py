@@ -9,15 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.paddle import (
-    flush_denormals,
-    load_paddle_state,
-    paddle_device,
-    save_paddle_state,
-)
+from runtime.backends.paddle import load_paddle_state, paddle_device, save_paddle_state
 from runtime.chat import ChatTokenizer
 from runtime.data import IGNORE
 from runtime.generation import position_ids
+from runtime.inference import flush_denormals
 from runtime.llm import backward_scaled, dpo_margin, lora_targets
 from runtime.presets import LLM_PRESETS
 from runtime.spec import JobSpec

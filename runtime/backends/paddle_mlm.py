@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.paddle import PaddleCheckpointed, PaddleOps, flush_denormals, paddle_device
+from runtime.backends.paddle import PaddleCheckpointed, PaddleOps, paddle_device
 from runtime.data import IGNORE
+from runtime.inference import flush_denormals
 from runtime.presets import PRESETS, preset_config
 from runtime.spec import JobSpec
 from runtime.weights import refuse_pickles

@@ -274,7 +274,7 @@ _DENORMALS = """
 import threading
 import numpy as np
 import paddle
-from runtime.backends.paddle import flush_denormals
+from runtime.inference import flush_denormals
 
 tiny = np.float32(1e-39)  # below float32's smallest normal number (1.2e-38)
 out = {"before": float((paddle.to_tensor([tiny]) * 1.0).numpy()[0])}
@@ -291,7 +291,8 @@ print(out)
 
 def test_a_paddle_job_takes_denormal_floats_as_zero_in_its_threads_too():
     """Weights that Adam drives through the denormal range made each step of a fast model
-    five times slower on real reviews: a job's process flushes them (``PaddleOps.build``)."""
+    five times slower on real reviews: a job's process flushes them (``PaddleOps.build``), and
+    so does a Paddle Inference predictor's (``runtime.inference``)."""
     import ast
     import subprocess
     import sys
