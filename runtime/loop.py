@@ -603,6 +603,8 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
     )
 
     checkpoint = recovered_checkpoint(workdir)
+    if hasattr(ops, "size_to"):  # a model some of whose sizes its training examples choose
+        ops.size_to(items)
     ops.build(spec, space, len(tokenizer.vocab))
     # A multi-device job runs this loop in every process: each trains on its share of every
     # batch (the framework averages the gradients), all evaluate alike so that they stop alike,
@@ -654,13 +656,16 @@ def fit(spec: JobSpec, workdir: Path, emit: Emit, ops: ModelOps) -> dict:
         best_files=save_vocab,
         writes=not rank,
     )
-    if state["step"] == 0 and hasattr(ops, "warm_start"):
+    if hasattr(ops, "warm_start"):
         # A model that starts from a solved part (a fast preset's classical wide part) is
         # scored before its first step: training keeps that start unless it does better.
-        message = ops.warm_start(items)
+        # Resumed, the checkpoint brings the part back, and only what was held out of its
+        # solve is made again.
+        resumed = state["step"] > 0
+        message = ops.warm_start(items, resumed=resumed)
         if message:
             emit("log", message=message)
-            if dev_rows:
+            if dev_rows and not resumed:
                 metrics, value = dev_metrics()
                 state.update(best=value, best_step=0, bad_evals=0)
                 state["history"].append({"step": 0, "epoch": 0, **metrics})

@@ -49,7 +49,8 @@ FAST_PRESETS: dict[str, dict] = {
         "buckets": 200_000,
         "ngrams": [2, 3],
         "conv_channels": 128,
-        "wide_buckets": 262_144,
+        # The most: sized to the training rows' n-grams (paddle_models.sized_buckets).
+        "wide_buckets": 4_194_304,
     },
     "bigru-crf-char": {
         "architecture": "bigru_crf",

@@ -121,6 +121,8 @@ def pin_sources(model: Any) -> None:
 class PaddleOps(PaddleCheckpointed):
     # A fast preset's config.json (runtime.backends.paddle_models); None for an ERNIE model.
     fast_config: dict | None = None
+    # The training examples' ids (``size_to``).
+    training_ids: list = []
 
     def build(self, spec: JobSpec, space: LabelSpace, vocab_size: int) -> None:
         import paddle
@@ -145,9 +147,14 @@ class PaddleOps(PaddleCheckpointed):
             }
             if self.fast_config["architecture"] == "ngram_bag":
                 self.fast_config["pair"] = spec.task_kind == "text_pair"
-            if self.fast_config.get("wide_buckets"):  # bounded whatever the labels' number
+            most = self.fast_config.get("wide_buckets")
+            if most and self.fast_config["architecture"] == "ngram_bag":
+                self.fast_config["wide_buckets"] = paddle_models.sized_buckets(
+                    self.training_ids, most, space.num_outputs
+                )
+            elif most:  # bounded whatever the labels' number
                 self.fast_config["wide_buckets"] = paddle_models.wide_buckets(
-                    self.fast_config["wide_buckets"], space.num_outputs
+                    most, space.num_outputs
                 )
             self.model = paddle_models.build(self.fast_config)
             self.optimizer = paddle_models.optimizer(
@@ -263,13 +270,19 @@ class PaddleOps(PaddleCheckpointed):
         self.model.train()
         return out
 
-    def warm_start(self, items: list) -> str:
+    def size_to(self, items: list) -> None:
+        """Size what the training examples size before ``build``: a fast classifier's wide
+        table (``paddle_models.sized_buckets``), recorded in its config.json."""
+        self.training_ids = [e.enc.input_ids for e in items]
+
+    def warm_start(self, items: list, resumed: bool = False) -> str:
         """A fast model's wide part solved on the training examples before the first step
-        (a checkpoint, when resuming, brings it back); what was done, or "" for none."""
+        (a checkpoint, when resuming, brings it back; what it holds out is made again); what
+        was done, or "" for none."""
         if not hasattr(self.model, "warm_start"):
             return ""
         return self.model.warm_start(
-            [e.enc.input_ids for e in items], [e.target for e in items], self.head
+            [e.enc.input_ids for e in items], [e.target for e in items], self.head, resumed
         )
 
     def agree_max(self, value: float) -> float:
@@ -291,6 +304,20 @@ class PaddleOps(PaddleCheckpointed):
             paddle_models.save(self.model, self.fast_config, directory)
         else:
             super().save_model(directory)
+
+    def load(self, directory: Path, with_optimizer: bool) -> None:
+        if self.fast_config is not None:  # Paddle skips a weight of another shape, silently
+            from runtime.backends import paddle_models
+
+            saved = json.loads((directory / paddle_models.CONFIG).read_text("utf-8"))
+            if saved != self.fast_config:
+                differ = sorted(
+                    k
+                    for k in saved.keys() | self.fast_config
+                    if saved.get(k) != self.fast_config.get(k)
+                )
+                raise ValueError(f"{directory} holds a model of another config ({differ})")
+        super().load(directory, with_optimizer)
 
 
 class PaddleBackend(LoopBackend):

@@ -80,6 +80,14 @@ WIDE_MIN_DF = 2
 # tags, which the data chooses; past it the buckets are halved (``wide_buckets``).
 WIDE_TABLE_MAX = 1 << 24
 WIDE_MIN_BUCKETS = 1 << 12
+# A classifier's wide table has this many buckets for each distinct n-gram of its training rows
+# (rounded up to a power of two, at most the preset's): few collisions, as a vocabulary has.
+# Real reviews (13,890 rows, 649 k distinct 1-3-grams) get 2^22.
+WIDE_LOAD = 4
+# The folds whose held-out wide logits the deep part trains beside (``NgramBag.warm_start``),
+# for at most this many labels (each fold solves the wide part again).
+WIDE_FOLDS = 5
+WIDE_FOLDS_MAX_LABELS = 8
 # The wide part of a tagger: the offsets of the characters each CRF feature joins.
 # (A salt of its own keeps each template's features apart.)
 CRF_TEMPLATES = tuple(
@@ -100,6 +108,29 @@ def wide_buckets(asked: int, outputs: int) -> int:
     while buckets > WIDE_MIN_BUCKETS and buckets * outputs > WIDE_TABLE_MAX:
         buckets //= 2
     return buckets
+
+
+def sized_buckets(rows: list[list[int]], most: int, outputs: int) -> int:
+    """The buckets of a classifier's wide table for its training rows' ids: ``WIDE_LOAD`` for
+    each distinct n-gram, a power of two, at most ``most`` and ``wide_buckets``' bound. The
+    rows the solve reads (``warm_start``) count."""
+    from runtime.baselines import MAX_TRAIN_ROWS
+
+    grams = [
+        _np_gram_ids(np.asarray(r, dtype="int64"), _ending_at(n), 1 << 40, n)[n - 1 :]
+        for r in rows[:MAX_TRAIN_ROWS]
+        for n in WIDE_ORDERS
+    ]
+    distinct = len(np.unique(np.concatenate(grams))) if grams else 0
+    buckets = WIDE_MIN_BUCKETS
+    while buckets < WIDE_LOAD * distinct and buckets < most:
+        buckets *= 2
+    return wide_buckets(min(buckets, most), outputs)
+
+
+def _row_key(ids: np.ndarray) -> bytes:
+    """A row's ids without the padding, as a key of its held-out wide logits."""
+    return np.trim_zeros(np.asarray(ids, dtype="int64"), "b").tobytes()
 
 
 def _nb_ratio(x, positive: np.ndarray) -> np.ndarray:
@@ -142,6 +173,8 @@ class NgramBag(nn.Layer):
         # solved before the first step (``warm_start``) and kept fixed; the deep part learns
         # what it misses. Buffers: saved and exported with the weights.
         self.wide_buckets = 0 if pair else wide_buckets
+        # A training row's wide logits held out of the wide part's solve (``warm_start``).
+        self.held_out: dict[bytes, np.ndarray] = {}
         if self.wide_buckets:
             self.register_buffer("idf", paddle.ones([self.wide_buckets, 1]), persistable=True)
             self.register_buffer(
@@ -188,45 +221,59 @@ class NgramBag(nn.Layer):
             [_np_gram_ids(ids, _ending_at(n), self.wide_buckets, n)[n - 1 :] for n in WIDE_ORDERS]
         )
 
-    def _solve(self, x, targets: list, head: str) -> tuple[np.ndarray, np.ndarray]:
-        """The wide part's weight and bias: the logistic regression of runtime.baselines (one-
-        vs-rest for multi-label) by L-BFGS, as the baseline is trained; where a decision is
-        binary (two labels, or a label of a multi-label row), plus a second regression over
-        the features scaled by their naive-Bayes log-count ratio (NBSVM, Wang & Manning
-        2012). The two are one linear model over the same features (the ratio folds into the
-        weight). Measured on 17,410 real product reviews, 5-fold: +0.4 % macro-F1 over the
-        regression alone in every fold."""
+    def _solve(self, x, y: np.ndarray, head: str, start: list | None = None) -> tuple:
+        """The wide part's weight and bias over the columns of ``x``, and the regressions
+        fitted: the logistic regression of runtime.baselines (one-vs-rest for multi-label) by
+        L-BFGS, as the baseline is trained; where a decision is binary (two labels, or a label
+        of a multi-label row), plus a second regression over the features scaled by their
+        naive-Bayes log-count ratio (NBSVM, Wang & Manning 2012). The two are one linear model
+        over the same features (the ratio folds into the weight). Measured on 17,410 real
+        product reviews, 5-fold: +0.4 % macro-F1 over the regression alone in every fold.
+        ``start``: the regressions of an earlier solve to start from (a fold's, from the
+        whole's: L-BFGS then needs a few iterations)."""
         from scipy import sparse
 
         from runtime.baselines import LR_C, NB_LR_C, logistic
 
-        weight = np.zeros((self.wide_buckets, self.num_labels), dtype="float64")
+        def fit(c: float, features, column, begin):
+            model = logistic(c)
+            if begin is not None:
+                model.set_params(warm_start=True)
+                model.coef_, model.intercept_ = begin.coef_.copy(), begin.intercept_.copy()
+            return model.fit(features, column)
+
+        weight = np.zeros((x.shape[1], self.num_labels), dtype="float64")
         bias = np.zeros(self.num_labels, dtype="float64")
-        y = np.asarray(targets)
-        if y.dtype.kind == "f":  # a teacher's scores (distillation): the decisions they make
-            y = (y >= 0.5).astype("int64") if head == "multi" else y.argmax(axis=1)
         columns = [y[:, j] for j in range(self.num_labels)] if head == "multi" else [y]
+        fits: list = []
         for j, column in enumerate(columns):
             classes = np.unique(column)
-            if len(classes) < 2:  # one class only: the deep part and the bias learn it
+            begin = start[j] if start else (None, None)
+            if begin[0] is not None and not np.array_equal(begin[0].classes_, classes):
+                begin = (None, None)  # a fold without some label: solved from zero
+            if len(classes) < 2:
+                fits.append((None, None))  # one class only: the deep part and the bias learn it
                 continue
-            lr = logistic(LR_C).fit(x, column)
+            lr = fit(LR_C, x, column, begin[0])
             if len(classes) > 2:
                 weight[:, classes.astype(int)] = lr.coef_.T
                 bias[classes.astype(int)] = lr.intercept_
+                fits.append((lr, None))
                 continue
             at = j if head == "multi" else int(classes[1])  # the column of the positive class
             positive = column == classes[1]
             ratio = _nb_ratio(x, positive)
-            nb = logistic(NB_LR_C).fit(x @ sparse.diags(ratio), positive)
+            nb = fit(NB_LR_C, x @ sparse.diags(ratio), positive, begin[1])
             weight[:, at] = lr.coef_[0] + ratio * nb.coef_[0]
             bias[at] = lr.intercept_[0] + nb.intercept_[0]
-        return weight, bias
+            fits.append((lr, nb))
+        return weight, bias, fits
 
-    def warm_start(self, rows: list[list[int]], targets: list, head: str) -> str:
+    def warm_start(self, rows: list[list[int]], targets: list, head: str, resumed=False) -> str:
         """Solve the wide part on the training rows' ids and targets: IDF (sklearn's smooth
-        idf; none below ``WIDE_MIN_DF`` rows), then the regressions (``_solve``). Returns what
-        it did, for the log."""
+        idf; none below ``WIDE_MIN_DF`` rows), then the regressions (``_solve``); then the
+        held-out logits the deep part trains beside (``_hold_out``). A resumed job has its
+        wide part from the checkpoint and only holds out again. Returns what it did."""
         if not self.wide_buckets:
             return ""
         from scipy import sparse
@@ -235,28 +282,70 @@ class NgramBag(nn.Layer):
 
         rows, targets = rows[:MAX_TRAIN_ROWS], targets[:MAX_TRAIN_ROWS]
         grams = [self._np_grams(np.asarray(r, dtype="int64")) for r in rows]
-        df = np.zeros(self.wide_buckets, dtype="float64")
-        for g in grams:
-            df[np.unique(g)] += 1
-        # An n-gram in fewer than WIDE_MIN_DF training rows weighs nothing, in the sum and in the
-        # norm: a test row's n-grams never seen in training no longer shrink its logits (the
-        # regression has no weight for them), and hapaxes no longer add noise to NBSVM's ratios.
-        idf = (np.log((1 + len(rows)) / (1 + df)) + 1) * (df >= WIDE_MIN_DF)
-        self.idf.set_value(idf[:, None].astype("float32"))
+        if resumed:
+            idf = self.idf.numpy()[:, 0].astype("float64")
+        else:
+            df = np.zeros(self.wide_buckets, dtype="float64")
+            for g in grams:
+                df[np.unique(g)] += 1
+            # An n-gram in fewer than WIDE_MIN_DF training rows weighs nothing, in the sum and
+            # in the norm: a test row's n-grams never seen in training no longer shrink its
+            # logits (the regression has no weight for them), and hapaxes no longer add noise
+            # to NBSVM's ratios.
+            idf = (np.log((1 + len(rows)) / (1 + df)) + 1) * (df >= WIDE_MIN_DF)
+            self.idf.set_value(idf[:, None].astype("float32"))
+        # The regressions see only the buckets that weigh (a solve's cost no longer grows with
+        # the table); the others' weights stay zero, as L2 keeps a feature never set.
+        used = np.flatnonzero(idf)
+        column_of = np.full(self.wide_buckets, -1, dtype="int64")
+        column_of[used] = np.arange(len(used))
         indptr = np.cumsum([0] + [len(g) for g in grams])
         cols = np.concatenate(grams)
         x = sparse.csr_matrix(
-            (idf[cols], cols, indptr), shape=(len(rows), self.wide_buckets), dtype="float64"
+            (idf[cols], np.maximum(column_of[cols], 0), indptr),
+            shape=(len(rows), max(len(used), 1)),
+            dtype="float64",
         )
-        x.sum_duplicates()  # as the graph does: each occurrence counts
+        x.sum_duplicates()  # as the graph does: each occurrence counts (a weightless one adds 0)
         # The norm the graph divides by (``_wide``): the root of the sum of each occurrence's
         # weight squared, so that the regression is solved on the very features it reads.
         rows_of = np.repeat(np.arange(len(rows)), np.diff(indptr))
         norms = np.sqrt(np.bincount(rows_of, weights=idf[cols] ** 2, minlength=len(rows)))
-        weight, bias = self._solve(sparse.diags(1 / np.maximum(norms, 1e-12)) @ x, targets, head)
-        self.wide_weight.set_value(weight.astype("float32"))
-        self.wide_bias.set_value(bias.astype("float32"))
-        return f"wide part: logistic regression on {len(rows)} rows' TF-IDF n-grams"
+        x = sparse.diags(1 / np.maximum(norms, 1e-12)) @ x
+        y = np.asarray(targets)
+        if y.dtype.kind == "f":  # a teacher's scores (distillation): the decisions they make
+            y = (y >= 0.5).astype("int64") if head == "multi" else y.argmax(axis=1)
+        weight, bias, fits = self._solve(x, y, head)
+        if not resumed:
+            full = np.zeros((self.wide_buckets, self.num_labels), dtype="float32")
+            full[used] = weight[: len(used)]
+            self.wide_weight.set_value(full)
+            self.wide_bias.set_value(bias.astype("float32"))
+        done = (
+            "" if resumed else f"wide part: logistic regression on {len(rows)} rows' TF-IDF n-grams"
+        )
+        held = self._hold_out(x, y, head, fits, rows)
+        return "; ".join(filter(None, [done, held]))
+
+    def _hold_out(self, x, y: np.ndarray, head: str, fits: list, rows: list) -> str:
+        """Each training row's wide logits from a solve on the other folds' rows: in training
+        the deep part learns beside these (``loss``), not beside the whole solve's, which fit
+        the training rows almost perfectly and leave it nothing to learn. Measured on real
+        reviews, 5 splits, with 2^22 buckets: +0.40 % macro-F1 over the deep part trained
+        beside the whole solve, in 4 splits of 5. Not past ``WIDE_FOLDS_MAX_LABELS`` labels
+        or below ``WIDE_FOLDS`` rows a fold."""
+        self.held_out: dict[bytes, np.ndarray] = {}
+        n = x.shape[0]
+        if self.num_labels > WIDE_FOLDS_MAX_LABELS or n < WIDE_FOLDS * WIDE_FOLDS:
+            return ""
+        fold = np.random.default_rng(0).permutation(n) % WIDE_FOLDS
+        logits = np.zeros((n, self.num_labels), dtype="float32")
+        for k in range(WIDE_FOLDS):
+            train, held = fold != k, fold == k
+            weight, bias, _ = self._solve(x[train], y[train], head, start=fits)
+            logits[held] = x[held] @ weight + bias
+        self.held_out = {_row_key(r): logits[i] for i, r in enumerate(rows)}
+        return f"held-out wide logits of {WIDE_FOLDS} folds"
 
     def _wide(self, input_ids: paddle.Tensor, real: paddle.Tensor) -> paddle.Tensor:
         """Logits of the l2-normalised TF-IDF vector (each occurrence counts)."""
@@ -280,7 +369,8 @@ class NgramBag(nn.Layer):
         real = (input_ids != 0).astype(x.dtype)
         if not self.pair:
             logits = self.out(self.dropout(self._pool(x, conv, real)))
-            if self.wide_buckets:
+            # In training beside held-out wide logits, ``loss`` adds them.
+            if self.wide_buckets and not (self.training and self.held_out):
                 logits = logits + self._wide(input_ids, real)
             return logits
         assert token_type_ids is not None, "a pair model tells its texts apart by token types"
@@ -290,6 +380,19 @@ class NgramBag(nn.Layer):
         features = paddle.concat([u, v, paddle.abs(u - v), u * v], axis=-1)
         hidden = nn.functional.relu(self.hidden(self.dropout(features)))
         return self.out(self.dropout(hidden))
+
+    def loss(self, logits: paddle.Tensor, labels: paddle.Tensor, input_ids: paddle.Tensor, head):
+        """The head's loss of the deep part's logits plus each row's held-out wide logits (the
+        whole solve's, in the graph, for a row without: one past the solve's rows)."""
+        if not (self.training and self.held_out):
+            return head(logits)
+        ids = input_ids.numpy()
+        held = [self.held_out.get(_row_key(r)) for r in ids]
+        if any(h is None for h in held):
+            with paddle.no_grad():
+                wide = self._wide(input_ids, (input_ids != 0).astype(logits.dtype)).numpy()
+            held = [w if h is None else h for h, w in zip(held, wide, strict=True)]
+        return head(logits + paddle.to_tensor(np.stack(held)).astype(logits.dtype))
 
 
 class BiGRUCRF(nn.Layer):
@@ -337,11 +440,11 @@ class BiGRUCRF(nn.Layer):
         )
         self.crf = LinearChainCrf(num_labels, with_start_stop_tag=False)
 
-    def warm_start(self, rows: list[list[int]], targets: list, head: str) -> str:
+    def warm_start(self, rows: list[list[int]], targets: list, head: str, resumed=False) -> str:
         """Solve the wide part with crfsuite on the training rows' ids and tags (the
         baseline's solver, less regularised: ``WIDE_CRF_C1``): its feature weights and the
-        transitions."""
-        if not self.wide_buckets:
+        transitions. A resumed job has them from its checkpoint."""
+        if not self.wide_buckets or resumed:
             return ""
         from runtime.baselines import MAX_CRF_CHARS, WIDE_CRF_C1, WIDE_CRF_C2, linear_chain_crf
 

@@ -156,13 +156,15 @@ def _run_apart(workdir: Path) -> list[tuple[str, dict]]:
     return found
 
 
+@pytest.mark.parametrize("preset", ["", "ngram-bag-char"])
 def test_a_pause_asked_for_stops_at_the_epochs_end_and_the_next_run_resumes(
-    tmp_path: Path,
+    tmp_path: Path, preset: str
 ) -> None:
     workdir, spec = make_workdir(
         tmp_path, "text_classification", sizes=(32, 8, 8), epochs=3, early_stopping_patience=0
     )
     spec.backend = "paddle"
+    spec.preset = preset or spec.preset
     spec.save(workdir)
     (workdir / PAUSE_REQUEST).touch()  # asked before the first epoch ends: it ends it first
     events = _run_apart(workdir)
@@ -175,6 +177,12 @@ def test_a_pause_asked_for_stops_at_the_epochs_end_and_the_next_run_resumes(
     (workdir / PAUSE_REQUEST).unlink()
     events = _run_apart(workdir)
     assert ("resumed", {"step": per_epoch, "epoch": 1}) in events
+    if preset:  # a fast model's wide part comes back from the checkpoint, not solved again,
+        logs = [d["message"] for k, d in events if k == "log"]  # and its folds are held out
+        assert "held-out wide logits of 5 folds" in logs, logs
+        assert not any("wide part:" in m for m in logs), logs
+        config = json.loads((workdir / BEST / "config.json").read_text("utf-8"))
+        assert config["wide_buckets"] == 4096  # sized to 32 short rows' n-grams
     steps = [d["step"] for k, d in events if k == "loss"]
     assert min(steps) > per_epoch and max(steps) == 3 * per_epoch
     assert (workdir / "export" / "manifest.json").is_file()

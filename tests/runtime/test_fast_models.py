@@ -60,6 +60,8 @@ def test_a_fast_preset_trains_exports_and_serves_what_it_learned(tmp_path: Path,
     ops = PaddleOps()
     tokenizer = CharTokenizer.from_file(workdir / BEST / "vocab.txt")
     space = data.LabelSpace(kind, tuple(spec.labels))
+    train = load_split(workdir, "train", kind)  # they size the wide table, as in the job
+    ops.size_to(data.examples(space, tokenizer, train, spec.hp.max_seq_length))
     ops.build(JobSpec.load(workdir), space, len(tokenizer.vocab))
     ops.load(workdir / BEST, with_optimizer=False)
     trained = predict_rows(ops, space, tokenizer, rows, spec.hp.max_seq_length, 0.5)
@@ -169,7 +171,7 @@ def test_a_two_way_wide_part_is_the_regression_plus_nbsvm_in_the_graph():
         grams = model._np_grams(np.asarray(r))
         for g in grams:
             x[i, g] += idf[g] / np.sqrt((idf[grams] ** 2).sum())
-    x = sparse.csr_matrix(x)
+    x = sparse.csr_matrix(x)[:, np.flatnonzero(idf)]  # the regressions see the weighing buckets
     y = np.array(labels)
     ratio = paddle_models._nb_ratio(x, y == 1)
     expected = LogisticRegression(C=LR_C, max_iter=1000).fit(x, y).decision_function(x)
@@ -184,6 +186,72 @@ def test_a_two_way_wide_part_is_the_regression_plus_nbsvm_in_the_graph():
     logits = model(paddle.to_tensor(padded)).numpy()
     assert np.allclose(logits[:, 1] - logits[:, 0], expected, atol=1e-3)
     assert ((logits[:, 1] > logits[:, 0]) == y).mean() > 0.9
+
+
+def test_the_deep_part_trains_beside_wide_logits_held_out_of_the_solve():
+    """In training a row's wide logits come from a solve on the other folds' rows, which never
+    saw its label (the whole solve fits the training rows almost perfectly and would leave the
+    deep part nothing to learn): the loss adds them to the deep part's logits. Evaluation and
+    the export read the whole solve."""
+    import paddle
+    import paddle.nn.functional as F
+
+    rng = np.random.default_rng(1)
+    rows = [[2, *rng.integers(4, 60, size=rng.integers(3, 12)).tolist(), 3] for _ in range(150)]
+    labels = [int((5 in r) != (rng.random() < 0.2)) for r in rows]  # a signal, 20 % noise
+    config = {"architecture": "ngram_bag", "vocab_size": 80, "num_labels": 2, "dropout": 0.0}
+    model = paddle_models.build({**config, "wide_buckets": 1 << 16})
+    assert "held-out" in model.warm_start(rows, labels, "single")
+    width = max(len(r) for r in rows)
+    ids = paddle.to_tensor(np.array([r + [0] * (width - len(r)) for r in rows]))
+    whole = model._wide(ids, (ids != 0).astype("float32")).numpy()
+    held = np.stack([model.held_out[paddle_models._row_key(r)] for r in ids.numpy()])
+    y = np.array(labels)
+    assert (held.argmax(axis=1) == y).mean() < (whole.argmax(axis=1) == y).mean()
+
+    # A row's held-out logits do not move with its own label (but for the solver's tolerance);
+    # the whole solve's do.
+    assert model.warm_start(rows, [1 - labels[0], *labels[1:]], "single")
+    again = model.held_out[paddle_models._row_key(rows[0])]
+    moved = model._wide(ids[:1], (ids[:1] != 0).astype("float32")).numpy()[0]
+    assert abs(np.diff(again - held[0])[0]) < 0.2 < 1.0 < abs(np.diff(moved - whole[0])[0])
+    model.warm_start(rows, labels, "single")
+
+    model.out.weight.set_value(rng.normal(size=model.out.weight.shape).astype("float32"))
+    model.train()
+    deep = model(ids)  # the deep part alone
+    target = paddle.to_tensor(y)
+    loss = model.loss(deep, target, ids, lambda out: F.cross_entropy(out, target))
+    expected = F.cross_entropy(deep + paddle.to_tensor(held), target)
+    assert np.isclose(float(loss), float(expected), rtol=1e-5)
+    # A row the solve never held out (past its rows) is scored with the whole solve's logits.
+    new = paddle.to_tensor(np.array([[2, 5, 7, 3]]))
+    out = model(new)
+    assert np.isclose(
+        float(model.loss(out, target[:1], new, lambda o: F.cross_entropy(o, target[:1]))),
+        float(F.cross_entropy(out + model._wide(new, (new != 0).astype("float32")), target[:1])),
+        rtol=1e-5,
+    )
+    model.eval()
+    assert np.allclose(model(ids).numpy(), deep.numpy() + whole, atol=1e-4)
+
+
+def test_a_classifiers_wide_table_is_sized_to_its_training_ngrams():
+    """A vocabulary's room without shipping one: ``WIDE_LOAD`` buckets for each distinct
+    n-gram of the training rows, a power of two, at most the preset's and within the table's
+    bound for the labels' number."""
+    rng = np.random.default_rng(0)
+    few = [[2, 5, 6, 3]] * 10
+    assert paddle_models.sized_buckets(few, 1 << 22, 2) == paddle_models.WIDE_MIN_BUCKETS
+    many = [rng.integers(4, 3000, size=50).tolist() for _ in range(400)]  # ~60 k n-grams
+    grams = {
+        tuple(r[i : i + n]) for r in many for n in paddle_models.WIDE_ORDERS for i in range(51 - n)
+    }
+    sized = paddle_models.sized_buckets(many, 1 << 22, 2)
+    assert sized & (sized - 1) == 0  # a power of two
+    assert paddle_models.WIDE_LOAD * len(grams) <= sized < 2 * paddle_models.WIDE_LOAD * len(grams)
+    assert paddle_models.sized_buckets(many, 1 << 16, 2) == 1 << 16
+    assert paddle_models.sized_buckets(many, 1 << 22, 500) * 500 <= paddle_models.WIDE_TABLE_MAX
 
 
 def test_a_taggers_wide_part_is_the_less_regularised_crf_in_the_graph():
