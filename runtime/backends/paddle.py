@@ -11,6 +11,7 @@ import json
 import linecache
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,7 +123,7 @@ class PaddleOps(PaddleCheckpointed):
     # A fast preset's config.json (runtime.backends.paddle_models); None for an ERNIE model.
     fast_config: dict | None = None
     # The training examples' ids (``size_to``).
-    training_ids: list = []
+    training_ids: Sequence[list[int]] = ()
 
     def build(self, spec: JobSpec, space: LabelSpace, vocab_size: int) -> None:
         import paddle
