@@ -131,9 +131,10 @@ def sized_buckets(rows: Sequence[list[int]], most: int, outputs: int) -> int:
     return wide_buckets(min(buckets, most), outputs)
 
 
-def _row_key(ids: np.ndarray) -> bytes:
-    """A row's ids without the padding, as a key of its held-out wide logits."""
-    return np.trim_zeros(np.asarray(ids, dtype="int64"), "b").tobytes()
+def _row_key(ids: np.ndarray) -> int:
+    """The hash of a row's ids without the padding, the key of its held-out wide logits (the
+    process's own: they are not kept)."""
+    return hash(np.trim_zeros(np.asarray(ids, dtype="int64"), "b").tobytes())
 
 
 def _nb_ratio(x, positive: np.ndarray) -> np.ndarray:
@@ -177,7 +178,7 @@ class NgramBag(nn.Layer):
         # what it misses. Buffers: saved and exported with the weights.
         self.wide_buckets = 0 if pair else wide_buckets
         # A training row's wide logits held out of the wide part's solve (``warm_start``).
-        self.held_out: dict[bytes, np.ndarray] = {}
+        self.held_out: dict[int, np.ndarray] = {}
         if self.wide_buckets:
             self.register_buffer("idf", paddle.ones([self.wide_buckets, 1]), persistable=True)
             self.register_buffer(
